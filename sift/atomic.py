@@ -1,0 +1,41 @@
+"""Atomic file writes: a reader never sees a half-written file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, IO
+
+
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Write to a temporary file in the same folder, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    """Atomically write ``obj`` as indented JSON."""
+    with atomic_open(path) as fh:
+        json.dump(obj, fh, indent=2, sort_keys=False, default=str)
+        fh.write("\n")
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Atomically write text."""
+    with atomic_open(path) as fh:
+        fh.write(text)
