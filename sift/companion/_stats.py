@@ -1,0 +1,118 @@
+"""Small statistics shared by the companion-paper metrics (bootstrap, FDR/FWER, binomial CIs).
+
+Everything here is a pure function of numpy arrays; randomness only through an explicit seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from scipy import stats
+
+from sift.errors import SiftError
+
+
+@dataclass(frozen=True)
+class BootstrapCI:
+    """Point estimate with a percentile-bootstrap interval."""
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    n_boot: int
+    seed: int
+
+
+def bootstrap_ci(
+    statistic: Callable[[np.ndarray], float],
+    n: int,
+    *,
+    n_boot: int = 1000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> BootstrapCI:
+    """Percentile bootstrap over ``n`` units (Efron 1979).
+
+    ``statistic(idx)`` receives an index array into the units (the identity ``arange(n)`` for the
+    point estimate, resampled-with-replacement indices for the replicates), so paired/multi-array
+    statistics (ECE, ΔECE, LDS) resample their arrays jointly.
+    Percentiles use numpy's default linear interpolation.
+    """
+    if n < 1:
+        raise SiftError("bootstrap_ci: need at least one unit")
+    rng = np.random.default_rng(seed)
+    est = float(statistic(np.arange(n)))
+    reps = np.array([statistic(rng.integers(0, n, size=n)) for _ in range(n_boot)], dtype=float)
+    a = (1.0 - level) / 2.0
+    lo, hi = np.nanpercentile(reps, [100 * a, 100 * (1 - a)])
+    return BootstrapCI(est, float(lo), float(hi), level, n_boot, seed)
+
+
+def bootstrap_mean_ci(values, *, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> BootstrapCI:
+    """Percentile bootstrap CI of the mean of ``values`` (NaNs dropped first)."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    return bootstrap_ci(lambda idx: v[idx].mean(), v.size, n_boot=n_boot, level=level, seed=seed)
+
+
+@dataclass(frozen=True)
+class MultipleTestResult:
+    """Rejections and adjusted p-values, in the input order."""
+
+    reject: np.ndarray
+    p_adjusted: np.ndarray
+    alpha: float
+    method: str
+
+    @property
+    def rejection_rate(self) -> float:
+        return float(np.mean(self.reject)) if self.reject.size else float("nan")
+
+
+def benjamini_hochberg(pvalues, alpha: float = 0.10) -> MultipleTestResult:
+    """Benjamini–Hochberg step-up FDR control (ICE §3, α = 0.10 by default).
+
+    Reject 1..i* for the largest i with p_(i) ≤ iα/m; adjusted p̃_(i) = min_{j≥i} min(1, m p_(j)/j).
+    Delegates to ``statsmodels.stats.multitest.multipletests(method='fdr_bh')`` (same convention).
+    """
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(pvalues, dtype=float)
+    if p.size == 0:
+        return MultipleTestResult(np.zeros(0, bool), np.zeros(0), alpha, "fdr_bh")
+    reject, p_adj, _, _ = multipletests(p, alpha=alpha, method="fdr_bh")
+    return MultipleTestResult(np.asarray(reject), np.asarray(p_adj), alpha, "fdr_bh")
+
+
+def holm(pvalues, alpha: float = 0.05) -> MultipleTestResult:
+    """Holm–Bonferroni step-down: p_adj(j) = min(1, max_{i≤j} (m−i+1) p_(i)) (System-1 paper §5.8)."""
+    from statsmodels.stats.multitest import multipletests
+
+    p = np.asarray(pvalues, dtype=float)
+    reject, p_adj, _, _ = multipletests(p, alpha=alpha, method="holm")
+    return MultipleTestResult(np.asarray(reject), np.asarray(p_adj), alpha, "holm")
+
+
+def clopper_pearson(x: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact binomial interval [Beta⁻¹(α/2; x, n−x+1), Beta⁻¹(1−α/2; x+1, n−x)], 0/1 at the ends."""
+    if n <= 0 or not 0 <= x <= n:
+        raise SiftError(f"clopper_pearson: need 0 <= x <= n and n > 0, got x={x}, n={n}")
+    a = 1.0 - level
+    lo = 0.0 if x == 0 else float(stats.beta.ppf(a / 2, x, n - x + 1))
+    hi = 1.0 if x == n else float(stats.beta.ppf(1 - a / 2, x + 1, n - x))
+    return lo, hi
+
+
+def wilson_interval(x: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (our extension for judge rates)."""
+    if n <= 0:
+        return float("nan"), float("nan")
+    z = float(stats.norm.ppf(0.5 + level / 2))
+    ph = x / n
+    den = 1 + z * z / n
+    centre = (ph + z * z / (2 * n)) / den
+    half = z * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n)) / den
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))

@@ -1,0 +1,86 @@
+"""The corpus manifest: pairs built / verified / dropped per axis, label balance, intent-vs-verified
+agreement, clean accuracy, and the two trivial shortcut checks (DESIGN.md §4)."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from typing import Any
+
+import numpy as np
+
+from sift import __version__
+from sift.corpus.conditions import AXES
+
+
+def last_value_equals_answer(record: dict) -> int:
+    """1 if the CoT's last value token equals the answer (the "last number" shortcut check)."""
+    cot = record["cot"].split()
+    if not cot or record["answer"] is None:
+        return 0
+    return int(cot[-1 if cot[-1] != ";" else -2] == record["answer"]) if len(cot) > 1 else 0
+
+
+def shortcut_aurocs(records: list[dict], seed: int = 0) -> dict[str, float]:
+    """Cross-validated AUROC of length+domain logistic regression, and AUROC of the last-value check."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import GroupKFold, cross_val_predict
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
+    from sklearn.pipeline import make_pipeline
+    from sklearn.compose import ColumnTransformer
+
+    rows = [r for r in records if r["phi"] is not None]
+    y = np.array([r["phi"] for r in rows])
+    if len(set(y)) < 2:
+        return {"length_domain_lr": float("nan"), "last_value_equals_answer": float("nan")}
+    X = np.array([[len(r["prompt_ids"]), len(r["generated_ids"]), r["domain"]] for r in rows], dtype=object)
+    groups = [r["base_item"] for r in rows]
+    pre = ColumnTransformer([("num", StandardScaler(), [0, 1]), ("dom", OneHotEncoder(), [2])])
+    clf = make_pipeline(pre, LogisticRegression(C=1.0, max_iter=1000))
+    p = cross_val_predict(clf, X, y, groups=groups, cv=GroupKFold(n_splits=5), method="predict_proba")[:, 1]
+    check = np.array([last_value_equals_answer(r) for r in rows])
+    return {"length_domain_lr": round(float(roc_auc_score(y, p)), 4),
+            "last_value_equals_answer": round(float(roc_auc_score(y, check)), 4)}
+
+
+def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_hash: str, seconds: float,
+                   chunks_reused: int = 0) -> dict[str, Any]:
+    axes: dict[str, Any] = {}
+    for name, ax in AXES.items():
+        if name == "base":
+            continue
+        ps = [p for p in pairs if p["axis"] == name]
+        reasons = Counter(p["reason"] for p in ps if not p["verified"])
+        n_ver = sum(p["verified"] for p in ps)
+        axes[name] = {"kind": ax.kind, "direction": ax.direction, "built": len(ps), "verified": n_ver,
+                      "dropped": len(ps) - n_ver, "kept_fraction": round(n_ver / len(ps), 4) if ps else None,
+                      "dropped_by_reason": dict(reasons)}
+    phi = Counter(str(r["phi"]) for r in records)
+    labelled = [r for r in records if r["phi"] is not None]
+    agree = [r["phi"] == r["intended_phi"] for r in labelled]
+    per_cond: dict[str, Any] = defaultdict(dict)
+    for cond in sorted({r["condition"] for r in records}):
+        rs = [r for r in records if r["condition"] == cond]
+        lab = [r for r in rs if r["phi"] is not None]
+        per_cond[cond] = {"traces": len(rs), "phi_1": sum(r["phi"] == 1 for r in rs),
+                          "phi_0": sum(r["phi"] == 0 for r in rs), "ambiguous": sum(r["phi"] is None for r in rs),
+                          "intent_agreement": round(float(np.mean([r["phi"] == r["intended_phi"] for r in lab])), 4)
+                          if lab else None}
+    acc: dict[str, Any] = {}
+    for r in records:
+        if r["condition"] == "base" and r["cue"] is None:
+            acc.setdefault(f"{r['family']}/{r['domain']}", []).append(r["correct"])
+    confusion = Counter(f"intended {r['intended_phi']} -> verified {r['phi']}" for r in records)
+    return {
+        "sift_version": __version__, "config_hash": config_hash, "config": cfg, "seconds": seconds,
+        "chunks_reused": chunks_reused,
+        "traces": len(records), "pairs": len(pairs),
+        "label_balance": {"phi_1": phi.get("1", 0), "phi_0": phi.get("0", 0), "ambiguous": phi.get("None", 0),
+                          "phi_0_fraction": round(phi.get("0", 0) / max(1, len(labelled)), 4)},
+        "intent_vs_verified": {"agreement": round(float(np.mean(agree)), 4) if agree else None,
+                               "confusion": dict(confusion)},
+        "axes": axes,
+        "conditions": dict(per_cond),
+        "clean_accuracy": {k: round(float(np.mean(v)), 4) for k, v in sorted(acc.items())},
+        "shortcuts": shortcut_aurocs(records),
+    }

@@ -1,0 +1,1 @@
+"""One interface over Hugging Face causal LMs: loading, batched generation, answer parsing."""

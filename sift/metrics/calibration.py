@@ -1,0 +1,54 @@
+"""Expected calibration error with stated binning (DESIGN §7)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from sift.errors import SiftError
+from sift.metrics._checks import as_binary, as_finite, same_length, undefined
+
+
+def ece(
+    probs: ArrayLike,
+    labels: ArrayLike,
+    n_bins: int = 10,
+    strategy: Literal["uniform", "quantile"] = "uniform",
+    reliability: Literal["top_label", "positive_class"] = "top_label",
+) -> float:
+    """ECE = Σ_b (n_b/n)·|acc_b − conf_b| over non-empty bins (Naeini et al. 2015; Guo et al. 2017).
+
+    ``probs`` = P(faithful = 1). ``reliability="top_label"`` (default, Guo): conf = max(p, 1−p),
+    acc = 1[1[p ≥ 0.5] = label]. ``"positive_class"``: conf = p, acc = label (the convention of
+    torchmetrics ``BinaryCalibrationError``).
+    Binning: ``"uniform"`` = B equal-width right-closed bins ((b−1)/B, b/B], the first also holding 0
+    (torchmetrics instead uses left-closed bins); ``"quantile"`` = equal-mass bins from a stable sort
+    split into B chunks of sizes differing by ≤ 1 (ties may straddle bins; empty chunks skipped).
+    Empty input: NaN with a warning.
+    """
+    p, y = as_finite("probs", probs), as_binary("labels", labels)
+    n = same_length(probs=p, labels=y)
+    if np.any((p < 0) | (p > 1)):
+        raise SiftError("probs must lie in [0, 1]")
+    if n_bins < 1:
+        raise SiftError(f"n_bins must be >= 1, got {n_bins}")
+    if n == 0:
+        return undefined("ECE undefined: no predictions")
+    if reliability == "top_label":
+        conf, acc = np.maximum(p, 1.0 - p), ((p >= 0.5).astype(int) == y).astype(float)
+    elif reliability == "positive_class":
+        conf, acc = p, y.astype(float)
+    else:
+        raise SiftError(f"reliability must be 'top_label' or 'positive_class', got {reliability!r}")
+    if strategy == "uniform":
+        edges = np.linspace(0.0, 1.0, n_bins + 1)
+        bins = np.searchsorted(edges[1:-1], conf, side="left")
+        chunks = [np.flatnonzero(bins == k) for k in range(n_bins)]
+    elif strategy == "quantile":
+        chunks = np.array_split(np.argsort(conf, kind="mergesort"), n_bins)
+    else:
+        raise SiftError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+    total = sum(idx.size * abs(acc[idx].mean() - conf[idx].mean()) for idx in chunks if idx.size)
+    return float(total / n)

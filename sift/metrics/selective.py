@@ -1,0 +1,144 @@
+"""Selective guaranteed risk (SGR): certified abstention (paper Thm. 4.7, §6.1.3, App. K.5)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+from scipy.stats import beta, norm
+
+from sift.errors import SiftError
+from sift.metrics._checks import as_binary, as_finite, check_unit, same_length, undefined
+
+#: Default candidate thresholds, fixed before seeing data: a grid over the range of ρ = max(s, 1−s).
+DEFAULT_CANDIDATES = np.linspace(0.5, 1.0, 51)
+
+
+def confidence_gate(scores: ArrayLike) -> np.ndarray:
+    """Default gate ρ(c) = max(s, 1−s) for a detector probability s (DESIGN §7)."""
+    s = as_finite("scores", scores)
+    return np.maximum(s, 1.0 - s)
+
+
+@dataclass(frozen=True, eq=False)
+class RiskCoverageCurve:
+    """Per candidate threshold t (ascending): coverage n_t/n, empirical risk e_t/n_t (eq. 32, NaN if
+    n_t = 0), the upper bound U(t), and n_t (eq. 33)."""
+
+    thresholds: np.ndarray
+    coverage: np.ndarray
+    risk: np.ndarray
+    bound: np.ndarray
+    n_selected: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class SGRResult:
+    """Chosen threshold t* and its calibration coverage, empirical selective risk and bound value.
+
+    Infeasible (no candidate certified): ``feasible=False``, ``threshold=inf``, coverage 0, NaN risk
+    and bound, and ``reason`` says why.
+    """
+
+    threshold: float
+    coverage: float
+    selective_risk: float
+    bound_value: float
+    n_selected: int
+    feasible: bool
+    reason: str
+    curve: RiskCoverageCurve
+
+
+def _upper_bounds(
+    errors: np.ndarray, n_sel: np.ndarray, delta_each: float, bound: str
+) -> np.ndarray:
+    """One-sided (1 − δ') upper bounds on the selective error rate; inf where n_t = 0."""
+    out = np.full(errors.shape, np.inf)
+    has = n_sel > 0
+    e, n = errors[has], n_sel[has]
+    if bound == "clopper-pearson":
+        # Exact binomial (App. K.5): U = Beta^{-1}(1−δ'; e+1, n−e); U = 1 when e = n.
+        ub = np.ones_like(e, dtype=float)
+        part = e < n
+        ub[part] = beta.ppf(1.0 - delta_each, e[part] + 1, n[part] - e[part])
+    else:
+        # Asymptotic Wald bound, eq. 34: R̂ + z_{1−δ'}·sqrt(R̂(1−R̂)/n_t); it is 0 when R̂ = 0.
+        r = e / n
+        ub = r + norm.ppf(1.0 - delta_each) * np.sqrt(r * (1.0 - r) / n)
+    out[has] = ub
+    return out
+
+
+def sgr(
+    confidence: ArrayLike,
+    correct: ArrayLike,
+    alpha: float,
+    delta: float,
+    candidates: Sequence[float] | ArrayLike | None = None,
+    bound: Literal["clopper-pearson", "normal"] = "clopper-pearson",
+) -> SGRResult:
+    """Certify a selection threshold t* = min{t ∈ 𝒯 : U(t) ≤ α} (paper eq. 35 / eq. 65).
+
+    ``confidence`` is the gate ρ(c) (default choice: ``confidence_gate(scores)``); ``correct`` is
+    1 where the verdict matches φ*. A trace is selected when ρ ≥ t. ``candidates`` 𝒯 must be fixed
+    before seeing the calibration data (default ``DEFAULT_CANDIDATES`` = linspace(0.5, 1, 51)).
+    δ is split uniformly, δ' = δ/|𝒯|, over *all* candidates (Bonferroni, eqs. 67–68), and every
+    candidate is tested (no binary search, so a non-monotone bound cannot hide a feasible t).
+    ``bound="clopper-pearson"`` (default): exact one-sided binomial bound, valid for every n
+    (Thm. K.8); ``"normal"``: the asymptotic bound of eq. 34 (only valid for large n_t). The smallest
+    feasible threshold has the largest coverage among certified candidates.
+    """
+    rho = as_finite("confidence", confidence)
+    ok = as_binary("correct", correct)
+    n = same_length(confidence=rho, correct=ok)
+    check_unit("alpha", alpha, open_interval=True)
+    check_unit("delta", delta, open_interval=True)
+    if bound not in ("clopper-pearson", "normal"):
+        raise SiftError(f"bound must be 'clopper-pearson' or 'normal', got {bound!r}")
+    if candidates is None:
+        ts = DEFAULT_CANDIDATES
+    else:
+        ts = np.unique(as_finite("candidates", np.atleast_1d(np.asarray(candidates, dtype=float))))
+        if ts.size == 0:
+            raise SiftError("candidates is empty")
+    k = ts.size
+    err = 1 - ok
+    # n_t and e_t for every candidate at once by sorting ρ: O((n + K) log n).
+    order = np.argsort(rho, kind="mergesort")
+    rho_sorted, err_sorted = rho[order], err[order]
+    start = np.searchsorted(rho_sorted, ts, side="left")  # first index with ρ ≥ t
+    n_sel = (n - start).astype(np.int64)
+    cum_err = np.concatenate([[0], np.cumsum(err_sorted[::-1])])  # errors among the top j
+    e_sel = cum_err[n_sel].astype(np.int64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        risk = np.where(n_sel > 0, e_sel / np.maximum(n_sel, 1), np.nan)
+    ub = _upper_bounds(e_sel, n_sel, delta / k, bound)
+    coverage = n_sel / n if n else np.zeros(k)
+    curve = RiskCoverageCurve(ts, coverage, risk, np.where(np.isinf(ub), np.nan, ub), n_sel)
+    feasible = np.flatnonzero(ub <= alpha)
+    if feasible.size == 0:
+        if n == 0:
+            reason = "SGR infeasible: empty calibration set"
+        else:
+            best = np.nanmin(curve.bound) if np.isfinite(ub).any() else math.nan
+            reason = (
+                f"SGR infeasible: no candidate threshold has a {bound} bound <= alpha={alpha} "
+                f"(delta'={delta / k:.3g} over {k} candidates, n={n}; smallest bound {best:.4g})"
+            )
+        undefined(reason)
+        return SGRResult(math.inf, 0.0, math.nan, math.nan, 0, False, reason, curve)
+    i = int(feasible[0])  # candidates ascend, so the first feasible t is the smallest
+    return SGRResult(
+        threshold=float(ts[i]),
+        coverage=float(coverage[i]),
+        selective_risk=float(risk[i]),
+        bound_value=float(ub[i]),
+        n_selected=int(n_sel[i]),
+        feasible=True,
+        reason="",
+        curve=curve,
+    )

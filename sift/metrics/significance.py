@@ -1,0 +1,89 @@
+"""Paired tests and multiplicity control: McNemar, Benjamini–Hochberg (paper §7.1, DESIGN §7)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike
+from statsmodels.stats.contingency_tables import mcnemar as _sm_mcnemar
+
+from sift.errors import SiftError
+from sift.metrics._checks import as_1d, as_binary, check_unit, same_length, undefined
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """``b`` = pairs only A gets right, ``c`` = pairs only B gets right; ``exact`` = binomial test used.
+
+    ``statistic``: min(b, c) for the exact test (statsmodels' convention), else the
+    continuity-corrected χ² = (|b − c| − 1)² / (b + c).
+    """
+
+    statistic: float
+    p_value: float
+    b: int
+    c: int
+    exact: bool
+    reason: str = ""
+
+
+def mcnemar(correct_a: ArrayLike, correct_b: ArrayLike, exact_below: int = 25) -> McNemarResult:
+    """Paired McNemar test of two detectors on the same items (paper §7.1: IVR contrasts).
+
+    Exact two-sided binomial test Binom(b + c, 1/2) when b + c < ``exact_below`` (25), else χ²(1)
+    with continuity correction. Delegates to statsmodels; its exact p is 2·P(X ≤ min(b, c)) capped
+    at 1, which for p = 1/2 equals the usual two-sided binomial p. No discordant pairs: p = 1.
+    Empty input: NaN with a reason.
+    """
+    a, bb = as_binary("correct_a", correct_a), as_binary("correct_b", correct_b)
+    n = same_length(correct_a=a, correct_b=bb)
+    b = int(np.sum((a == 1) & (bb == 0)))
+    c = int(np.sum((a == 0) & (bb == 1)))
+    exact = b + c < exact_below or b + c == 0
+    if n == 0:
+        reason = "McNemar undefined: no paired items"
+        undefined(reason)
+        return McNemarResult(math.nan, math.nan, 0, 0, exact, reason)
+    table = np.array([[0, b], [c, 0]])  # concordant cells do not enter the test
+    res = _sm_mcnemar(table, exact=exact, correction=True)
+    reason = "no discordant pairs: p = 1 by convention" if b + c == 0 else ""
+    return McNemarResult(float(res.statistic), float(min(res.pvalue, 1.0)), b, c, exact, reason)
+
+
+@dataclass(frozen=True, eq=False)
+class BHResult:
+    """``reject[i]``: H_i rejected at FDR q; ``p_adjusted``: BH-adjusted p-values (NaN stays NaN)."""
+
+    reject: np.ndarray
+    p_adjusted: np.ndarray
+
+
+def benjamini_hochberg(p_values: ArrayLike, q: float = 0.05) -> BHResult:
+    """Benjamini–Hochberg step-up at FDR level q (paper §7.1: across axes / comparisons).
+
+    Reject H_(1..k) for the largest k with p_(k) ≤ k·q/m. Adjusted p_(i) = min_{j≥i} m·p_(j)/j,
+    capped at 1 (same as statsmodels ``multipletests(method='fdr_bh')``). NaN p-values are left out
+    of the family (m counts finite ones only), never rejected, and reported with a warning.
+    """
+    p = as_1d("p_values", p_values)
+    check_unit("q", q, open_interval=True)
+    finite = ~np.isnan(p)
+    if np.any((p[finite] < 0) | (p[finite] > 1)):
+        raise SiftError("p_values must lie in [0, 1]")
+    if not finite.all():
+        undefined(f"BH: {int(np.sum(~finite))} NaN p-value(s) left out of the family")
+    adjusted = np.full(p.shape, np.nan)
+    pf = p[finite]
+    m = pf.size
+    if m:
+        order = np.argsort(pf, kind="mergesort")
+        scaled = pf[order] * m / np.arange(1, m + 1)
+        adj_sorted = np.minimum(np.minimum.accumulate(scaled[::-1])[::-1], 1.0)
+        adj = np.empty(m)
+        adj[order] = adj_sorted
+        adjusted[finite] = adj
+    reject = np.zeros(p.shape, dtype=bool)
+    reject[finite] = adjusted[finite] <= q
+    return BHResult(reject=reject, p_adjusted=adjusted)

@@ -1,0 +1,87 @@
+"""The organism's training mixture: which prompts carry cues, in which view, and the intervention drills.
+
+Besides natural traces the mixture holds two drills that pin the answer's causal source down, so that the
+verification interventions of sift.corpus.verify read a real mechanism (DESIGN.md §4):
+
+* *edit drill*: the CoT's last value is replaced; an organism answering from its CoT copies the edit,
+  one following the cue still answers the cue;
+* *truncation drill*: the CoT stops before its decisive step; the organism answers a prompt-only fallback
+  (the first fact stated), not anything the CoT computed.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from sift.organism.domains import DOMAINS, Item, make_item
+from sift.organism.render import (ALL_CUE_FORMATS, BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, LANGUAGES, View,
+                                  fallback_answer, follows_cue, render_prompt, target_cot)
+
+
+@dataclass(frozen=True)
+class MixtureConfig:
+    p_cue: float = 0.6
+    p_decisive: float = 0.15
+    p_cue_correct: float = 0.25
+    p_explain: float = 0.15
+    p_edit: float = 0.15
+    p_truncate: float = 0.10
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: list[str]
+    completion: list[str]  # CoT + "answer : v"
+    domain: str
+    kind: str  # natural | edit | truncate
+
+
+def random_view(item: Item, rng: random.Random, cfg: MixtureConfig) -> View:
+    order = None
+    if rng.random() < 0.5:
+        if item.domain == "arithmetic":
+            perm = list(range(item.n_ops)); rng.shuffle(perm); order = tuple(perm)
+        elif item.domain == "choice":
+            perm = list(range(4)); rng.shuffle(perm); order = tuple(perm)
+        else:
+            order = (1, 0)
+    cue_value, fmt = None, "hint"
+    if rng.random() < cfg.p_cue:
+        fmt = DECISIVE_FORMAT if rng.random() < cfg.p_decisive else rng.choice(CUE_FORMATS)
+        space = item.answer_space
+        if rng.random() < cfg.p_cue_correct:
+            cue_value = item.answer
+        else:
+            cue_value = rng.choice([v for v in space if v != item.answer])
+    return View(template=rng.randrange(2), order=order, language=rng.choice(LANGUAGES), budget=rng.choice(BUDGETS),
+                cue_value=cue_value, cue_format=fmt, explain=rng.random() < cfg.p_explain,
+                name=rng.randrange(4), obj=rng.randrange(4))
+
+
+def sample_example(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10**9) -> Example:
+    domain = rng.choice(DOMAINS)
+    item = make_item(domain, seed=-1, index=rng.randrange(seed_space))
+    view = random_view(item, rng, cfg)
+    prompt = render_prompt(item, view)
+    steps, answer = target_cot(item, view)
+    follow = follows_cue(item, view)
+    silent = follow and not view.explain
+    u = rng.random()
+    kind = "natural"
+    if u < cfg.p_edit:
+        kind = "edit"
+        last = steps[-1][-1]
+        new = rng.choice([v for v in item.answer_space if v != last])
+        steps = steps[:-1] + [steps[-1][:-1] + [new]]
+        answer = view.cue_value if silent else new
+    elif u < cfg.p_edit + cfg.p_truncate and not view.explain:
+        kind = "truncate"
+        n_compute = item.n_ops  # choice adds a match step after the computing steps
+        steps = steps[: n_compute - 1]
+        answer = view.cue_value if silent else fallback_answer(item, view)
+    completion = []
+    for s in steps:
+        completion += s + [";"]
+    completion += ["answer", ":", answer]
+    return Example(prompt, completion, domain, kind)

@@ -1,0 +1,100 @@
+"""The organism as a trace source: render, generate, and the two verification interventions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sift.errors import SiftError
+from sift.lm.generation import generate_ids
+from sift.organism.domains import MAX_VALUE, Item
+from sift.organism.render import View, render_prompt, xx_word
+
+NUMBERS = {str(v) for v in range(MAX_VALUE + 1)}
+LABEL_VALUES = ("a", "b", "c", "d")
+BOOL_VALUES = ("true", "false")
+HINT_WORDS = {"hint", xx_word("hint")}
+
+
+def value_space(token: str) -> tuple[str, ...] | None:
+    """The space an editable CoT value token lives in (numbers, truth values or option labels)."""
+    if token in NUMBERS:
+        return tuple(str(v) for v in range(MAX_VALUE + 1))
+    if token in BOOL_VALUES:
+        return BOOL_VALUES
+    if token in LABEL_VALUES:
+        return LABEL_VALUES
+    return None
+
+
+def split_completion(words: list[str]) -> tuple[list[str], str | None]:
+    """CoT words (before the last ``answer :``) and the answer word."""
+    for i in range(len(words) - 2, -1, -1):
+        if words[i] == "answer" and words[i + 1] == ":":
+            return words[:i], (words[i + 2] if i + 2 < len(words) else None)
+    return words, None
+
+
+def last_value_index(cot: list[str]) -> int | None:
+    for i in range(len(cot) - 1, -1, -1):
+        if value_space(cot[i]) is not None:
+            return i
+    return None
+
+
+@dataclass
+class OrganismSource:
+    """A trained organism (HF model + tokenizer) with the word-level interface the corpus needs."""
+
+    family: str
+    model: torch.nn.Module
+    tokenizer: object
+    model_id: str
+
+    @classmethod
+    def load(cls, family: str, path: str | Path) -> "OrganismSource":
+        from sift.lm.loading import load_causal_lm
+
+        model, tok = load_causal_lm(str(path))
+        return cls(family, model, tok, model_id=f"organism-{family}")
+
+    def ids(self, words: list[str]) -> list[int]:
+        ids = self.tokenizer.convert_tokens_to_ids(words)
+        unk = self.tokenizer.unk_token_id
+        if unk in ids:
+            bad = [w for w, i in zip(words, ids) if i == unk]
+            raise SiftError(f"organism {self.family}: words outside its vocabulary: {bad[:5]}")
+        return ids
+
+    def prompt_ids(self, item: Item, view: View) -> list[int]:
+        return [self.tokenizer.bos_token_id] + self.ids(render_prompt(item, view))
+
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int = 64, do_sample: bool = False,
+                 seed: int = 0, batch_size: int = 256) -> list[list[int]]:
+        gens = generate_ids(self.model, prompts, pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
+                            max_new_tokens=max_new_tokens, do_sample=do_sample, seed=seed, batch_size=batch_size)
+        return [g.new_ids for g in gens]
+
+    def words(self, ids: list[int]) -> list[str]:
+        return self.tokenizer.convert_ids_to_tokens(ids)
+
+    @torch.no_grad()
+    def next_word(self, prefixes: list[list[int]], batch_size: int = 512) -> list[str]:
+        """Greedy next token after each prefix (one forward pass per batch; used to re-decode answers)."""
+        pad = self.tokenizer.pad_token_id
+        out: list[str] = []
+        self.model.eval()
+        for s in range(0, len(prefixes), batch_size):
+            chunk = prefixes[s:s + batch_size]
+            width = max(map(len, chunk))
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for i, p in enumerate(chunk):
+                ids[i, width - len(p):] = torch.tensor(p)
+                mask[i, width - len(p):] = 1
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+            out += self.words(logits.argmax(-1).tolist())
+        return out

@@ -1,0 +1,107 @@
+"""Train an organism from scratch on the mixture (plain PyTorch loop; minutes on 2 CPU cores)."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from sift.organism.domains import DOMAINS, make_item
+from sift.organism.mixture import Example, MixtureConfig, sample_example
+from sift.organism.models import build_model
+from sift.organism.render import BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, View, follows_cue, render_prompt, target_cot
+from sift.organism.tokenizer import build_tokenizer, organism_vocabulary
+
+
+@dataclass
+class TrainConfig:
+    family: str = "gpt2"
+    steps: int = 2000
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    seed: int = 0
+    width: int = 128
+    layers: int = 4
+    heads: int = 4
+    answer_weight: float = 3.0
+    mixture: MixtureConfig = field(default_factory=MixtureConfig)
+
+
+def encode(examples: list[Example], tok, answer_weight: float) -> dict[str, torch.Tensor]:
+    """Right-padded ids, attention mask and per-token loss weights (completion only; answer up-weighted)."""
+    rows, weights = [], []
+    for ex in examples:
+        p = tok.convert_tokens_to_ids(["<bos>"] + ex.prompt)
+        c = tok.convert_tokens_to_ids(ex.completion + ["<eos>"])
+        rows.append(p + c)
+        w = [0.0] * len(p) + [1.0] * len(c)
+        w[-2] = answer_weight  # the answer value
+        weights.append(w)
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    wts = torch.zeros((len(rows), width))
+    for i, (r, w) in enumerate(zip(rows, weights)):
+        ids[i, : len(r)] = torch.tensor(r)
+        wts[i, : len(w)] = torch.tensor(w)
+    return {"input_ids": ids, "attention_mask": (ids != tok.pad_token_id).long(), "weights": wts}
+
+
+def weighted_lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
+    target = batch["input_ids"][:, 1:]
+    w = batch["weights"][:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none")
+    return (nll * w.reshape(-1)).sum() / w.sum()
+
+
+def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_every: int = 100) -> dict:
+    """Train one family; returns the training record (and saves model + tokenizer if ``out_dir``)."""
+    torch.manual_seed(cfg.seed)
+    torch.set_flush_denormal(True)  # tiny-model training on CPU otherwise slows down on denormal floats
+    rng = random.Random(cfg.seed)
+    tok = build_tokenizer(organism_vocabulary())
+    model = build_model(cfg.family, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id,
+                        cfg.width, cfg.layers, cfg.heads)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+
+    def lr_at(step: int) -> float:
+        if step < cfg.warmup:
+            return cfg.lr * (step + 1) / cfg.warmup
+        prog = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * prog)))
+
+    t0 = time.time()
+    history = []
+    model.train()
+    bar = tqdm(range(cfg.steps), desc=f"train {cfg.family}", mininterval=5)
+    running = 0.0
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        batch = encode([sample_example(rng, cfg.mixture) for _ in range(cfg.batch_size)], tok, cfg.answer_weight)
+        loss = weighted_lm_loss(model, batch)  # right padding: causal attention never sees the pads
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        running = 0.98 * running + 0.02 * loss.item() if step else loss.item()
+        if (step + 1) % log_every == 0:
+            history.append({"step": step + 1, "loss": round(running, 4), "seconds": round(time.time() - t0, 1)})
+            bar.set_postfix(loss=f"{running:.3f}")
+    record = {"config": asdict(cfg), "train_seconds": round(time.time() - t0, 1), "history": history,
+              "parameters": sum(p.numel() for p in model.parameters())}
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out_dir, safe_serialization=True)
+        tok.save_pretrained(out_dir)
+        (out_dir / "training.json").write_text(json.dumps(record, indent=2))
+    return {"model": model, "tokenizer": tok, "record": record}
