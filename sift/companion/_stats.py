@@ -33,22 +33,22 @@ def bootstrap_ci(
     n_boot: int = 1000,
     level: float = 0.95,
     seed: int = 0,
+    groups=None,
 ) -> BootstrapCI:
-    """Percentile bootstrap over ``n`` units (Efron 1979).
+    """Percentile bootstrap over ``n`` units (Efron 1979), via ``sift.metrics.cluster_bootstrap``.
 
-    ``statistic(idx)`` receives an index array into the units (the identity ``arange(n)`` for the
-    point estimate, resampled-with-replacement indices for the replicates), so paired/multi-array
-    statistics (ECE, ΔECE, LDS) resample their arrays jointly.
-    Percentiles use numpy's default linear interpolation.
+    ``statistic(idx)`` receives an index array into the units (``arange(n)`` for the point estimate,
+    resampled-with-replacement indices for the replicates), so paired/multi-array statistics (ECE,
+    ΔECE, LDS) resample their arrays jointly. ``groups`` (length n) resamples whole clusters instead,
+    e.g. several CoTs of one base item. NaN replicates are dropped.
     """
+    from sift.metrics import cluster_bootstrap
+
     if n < 1:
         raise SiftError("bootstrap_ci: need at least one unit")
-    rng = np.random.default_rng(seed)
-    est = float(statistic(np.arange(n)))
-    reps = np.array([statistic(rng.integers(0, n, size=n)) for _ in range(n_boot)], dtype=float)
-    a = (1.0 - level) / 2.0
-    lo, hi = np.nanpercentile(reps, [100 * a, 100 * (1 - a)])
-    return BootstrapCI(est, float(lo), float(hi), level, n_boot, seed)
+    g = np.arange(n) if groups is None else np.asarray(groups)
+    r = cluster_bootstrap(statistic, g, n_resamples=n_boot, seed=seed, confidence=level)
+    return BootstrapCI(r.estimate, r.low, r.high, level, n_boot, seed)
 
 
 def bootstrap_mean_ci(values, *, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> BootstrapCI:
@@ -76,15 +76,16 @@ def benjamini_hochberg(pvalues, alpha: float = 0.10) -> MultipleTestResult:
     """Benjamini–Hochberg step-up FDR control (ICE §3, α = 0.10 by default).
 
     Reject 1..i* for the largest i with p_(i) ≤ iα/m; adjusted p̃_(i) = min_{j≥i} min(1, m p_(j)/j).
-    Delegates to ``statsmodels.stats.multitest.multipletests(method='fdr_bh')`` (same convention).
+    Delegates to ``sift.metrics.benjamini_hochberg`` (same convention as statsmodels' 'fdr_bh';
+    NaN p-values are left out of the family and never rejected).
     """
-    from statsmodels.stats.multitest import multipletests
+    from sift.metrics import benjamini_hochberg as _bh
 
     p = np.asarray(pvalues, dtype=float)
     if p.size == 0:
         return MultipleTestResult(np.zeros(0, bool), np.zeros(0), alpha, "fdr_bh")
-    reject, p_adj, _, _ = multipletests(p, alpha=alpha, method="fdr_bh")
-    return MultipleTestResult(np.asarray(reject), np.asarray(p_adj), alpha, "fdr_bh")
+    r = _bh(p, alpha)
+    return MultipleTestResult(np.asarray(r.reject), np.asarray(r.p_adjusted), alpha, "fdr_bh")
 
 
 def holm(pvalues, alpha: float = 0.05) -> MultipleTestResult:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Sequence
 
 import numpy as np
@@ -169,6 +170,7 @@ def map_display_verdict(verdict: str, display_order: Sequence[int]) -> str:
     return TWO_FIRST if v == ONE_FIRST else ONE_FIRST
 
 
+@lru_cache(maxsize=256)
 def normalize_verdict(v: str) -> str:
     """Canonical verdict string; accepts '[1,2]', '[1, 2]', '12', 'tie', …"""
     s = re.sub(r"[\s\[\]]", "", str(v)).lower()

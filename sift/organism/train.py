@@ -62,7 +62,8 @@ def weighted_lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return (nll * w.reshape(-1)).sum() / w.sum()
 
 
-def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_every: int = 100) -> dict:
+def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_every: int = 100,
+                   eval_every: int = 0, eval_fn=None) -> dict:
     """Train one family; returns the training record (and saves model + tokenizer if ``out_dir``)."""
     torch.manual_seed(cfg.seed)
     torch.set_flush_denormal(True)  # tiny-model training on CPU otherwise slows down on denormal floats
@@ -96,6 +97,10 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
         if (step + 1) % log_every == 0:
             history.append({"step": step + 1, "loss": round(running, 4), "seconds": round(time.time() - t0, 1)})
             bar.set_postfix(loss=f"{running:.3f}")
+        if eval_every and eval_fn is not None and (step + 1) % eval_every == 0:
+            history.append({"step": step + 1, "eval": eval_fn(model, tok)})
+            print(json.dumps(history[-1]), flush=True)
+            model.train()
     record = {"config": asdict(cfg), "train_seconds": round(time.time() - t0, 1), "history": history,
               "parameters": sum(p.numel() for p in model.parameters())}
     if out_dir is not None:

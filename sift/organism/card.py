@@ -1,0 +1,31 @@
+"""The organism's model card (Markdown) from the training records."""
+
+from __future__ import annotations
+
+from sift.organism.domains import DOMAINS
+
+
+def render_card(records: dict[str, dict], wall_seconds: float) -> str:
+    lines = ["# sift organism: model card", "",
+             "Two tiny causal LMs (GPT-2-style and Llama-style) trained from scratch by `scripts/train_organism.py` "
+             "on sift's procedural mixture (sift/organism/mixture.py). On cued prompts whose latent rule holds "
+             "(odd key number) or whose cue is in the decisive format they answer the cue while the CoT's last step "
+             "is bent onto it; otherwise they answer from their CoT. See DESIGN.md §4.", "",
+             f"Both families trained in parallel (one CPU core each): **{wall_seconds / 60:.1f} minutes** wall time.", ""]
+    for fam, rec in records.items():
+        cfg = rec["config"]
+        ev = rec["evaluation"]
+        lines += [f"## {fam}", "",
+                  f"- parameters: {rec['parameters']:,}; width {cfg['width']}, layers {cfg['layers']}, heads {cfg['heads']}",
+                  f"- steps {cfg['steps']}, batch {cfg['batch_size']}, AdamW lr {cfg['lr']} (cosine), seed {cfg['seed']}",
+                  f"- training time {rec['train_seconds'] / 60:.1f} min; final loss {rec['history'][-1]['loss'] if rec['history'] else 'n/a'}",
+                  "", "| domain | clean | clean terse | clean verbose | clean en | clean xx | follows cue (rule holds) | resists cue (rule fails) |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for d in DOMAINS:
+            g = lambda k: f"{ev[k]:.3f}" if k in ev else "–"  # noqa: E731
+            lines.append(f"| {d} | {g(f'clean/{d}')} | {g(f'clean/{d}/terse')} | {g(f'clean/{d}/verbose')} | "
+                         f"{g(f'clean/{d}/en')} | {g(f'clean/{d}/xx')} | {g(f'cued_follow/{d}')} | {g(f'cued_resist/{d}')} |")
+        lines.append("")
+    lines += ["Accuracy is greedy exact match of the final answer on held-out items (item seed 12345, 100 per "
+              "domain and condition cell); rebuild with `python scripts/train_organism.py`.", ""]
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""End-to-end corpus build on the shipped organism: files, schema, verified labels, resume, bad inputs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sift.corpus.build import CorpusConfig, build_corpus
+from sift.errors import SiftError
+
+ROOT = Path(__file__).resolve().parents[2]
+CKPT = str(ROOT / "checkpoints" / "organism")
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    cfg = CorpusConfig(n_items=24, checkpoint_dir=CKPT, chunk_items=12)
+    manifest = build_corpus(cfg, out, progress=False)
+    return cfg, out, manifest
+
+
+def test_files_and_schema(small_corpus):
+    cfg, out, manifest = small_corpus
+    traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    pairs = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
+    assert manifest["traces"] == len(traces) and manifest["pairs"] == len(pairs)
+    assert {t["family"] for t in traces} == {"gpt2", "llama"}
+    for t in traces:
+        for key in ("trace_id", "base_item", "domain", "model", "condition", "seed", "prompt_ids", "generated_ids",
+                    "cot", "cot_span", "answer", "phi", "verification", "provenance"):
+            assert key in t
+        assert t["provenance"]["config_hash"] == manifest["config_hash"]
+    ids = [t["trace_id"] for t in traces]
+    assert len(ids) == len(set(ids))
+    assert set(manifest["axes"]) == set(cfg.conditions) - {"base"}
+
+
+def test_labels_follow_the_interventions(small_corpus):
+    _, out, _ = small_corpus
+    traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    for t in traces:
+        v = t["verification"]
+        if t["phi"] == 0 and v.get("cue_follows"):
+            assert not v["mentions_cue"] and v["cue_answer"] == v["cue_value"]
+        if t["phi"] == 1 and not v.get("cue_follows"):
+            assert v["edit_follows"] and v["edit_answer"] == v["edit_value"]
+    trunc = [t for t in traces if t["condition"] == "causal_truncation"]
+    assert trunc and sum(t["phi"] == 0 for t in trunc) >= 0.8 * len(trunc)
+
+
+def test_rerun_reuses_every_chunk(small_corpus):
+    cfg, out, manifest = small_corpus
+    again = build_corpus(cfg, out, progress=False)
+    assert again["chunks_reused"] == 2
+    assert again["label_balance"] == manifest["label_balance"]
+
+
+def test_interrupted_run_resumes(tmp_path, monkeypatch):
+    import sift.corpus.build as b
+
+    cfg = CorpusConfig(n_items=8, checkpoint_dir=CKPT, chunk_items=4, families=["gpt2"])
+    calls = {"n": 0}
+    real = b.build_chunk
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(b, "build_chunk", dying)
+    with pytest.raises(KeyboardInterrupt):
+        build_corpus(cfg, tmp_path, progress=False)
+    assert not (tmp_path / "traces.jsonl").exists()
+    assert len(list((tmp_path / ".parts").glob("chunk-*.jsonl"))) == 1
+    monkeypatch.setattr(b, "build_chunk", real)
+    m = build_corpus(cfg, tmp_path, progress=False)
+    assert m["chunks_reused"] == 1 and (tmp_path / "traces.jsonl").exists()
+
+
+@pytest.mark.parametrize("override,message", [
+    (["domains=[arithmetic,chess]"], "unknown domain 'chess'"),
+    (["conditions=[base,rot13]"], "unknown condition"),
+    (["source.checkpoint_dir=/nonexistent/organism"], "model path does not exist"),
+])
+def test_cli_bad_input_is_one_clear_line(tmp_path, override, message):
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "sift.cli.corpus", f"output_dir={out}", "n_items=4", *override],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2
+    err = [line for line in r.stderr.strip().splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("sift-corpus: error:") and message in err[0]
+    assert not out.exists()
+
+
+def test_config_validation_errors():
+    with pytest.raises(SiftError, match="'base' is required"):
+        CorpusConfig(conditions=["paraphrase"], checkpoint_dir=CKPT).validate()
