@@ -35,11 +35,17 @@ def shortcut_aurocs(records: list[dict], seed: int = 0) -> dict[str, float]:
         return {"length_domain_lr": float("nan"), "last_value_equals_answer": float("nan")}
     X = np.array([[len(r["prompt_ids"]), len(r["generated_ids"]), r["domain"]] for r in rows], dtype=object)
     groups = [r["base_item"] for r in rows]
-    pre = ColumnTransformer([("num", StandardScaler(), [0, 1]), ("dom", OneHotEncoder(), [2])])
+    pre = ColumnTransformer([("num", StandardScaler(), [0, 1]), ("dom", OneHotEncoder(handle_unknown="ignore"), [2])])
     clf = make_pipeline(pre, LogisticRegression(C=1.0, max_iter=1000))
-    p = cross_val_predict(clf, X, y, groups=groups, cv=GroupKFold(n_splits=5), method="predict_proba")[:, 1]
+    try:  # tiny corpora (fewer than 5 items, or a fold with one class) leave the shortcut check undefined
+        if len(set(groups)) < 5:
+            raise ValueError("fewer than 5 base items")
+        p = cross_val_predict(clf, X, y, groups=groups, cv=GroupKFold(n_splits=5), method="predict_proba")[:, 1]
+        lr_auc = round(float(roc_auc_score(y, p)), 4)
+    except ValueError:
+        lr_auc = float("nan")
     check = np.array([last_value_equals_answer(r) for r in rows])
-    return {"length_domain_lr": round(float(roc_auc_score(y, p)), 4),
+    return {"length_domain_lr": lr_auc,
             "last_value_equals_answer": round(float(roc_auc_score(y, check)), 4)}
 
 
@@ -57,11 +63,12 @@ def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_
                       "dropped_by_reason": dict(reasons)}
     phi = Counter(str(r["phi"]) for r in records)
     labelled = [r for r in records if r["phi"] is not None]
-    agree = [r["phi"] == r["intended_phi"] for r in labelled]
+    # traces without a construction intent (intended_phi None: real-LM base and preserving traces) are left out
+    agree = [r["phi"] == r["intended_phi"] for r in labelled if r["intended_phi"] is not None]
     per_cond: dict[str, Any] = defaultdict(dict)
     for cond in sorted({r["condition"] for r in records}):
         rs = [r for r in records if r["condition"] == cond]
-        lab = [r for r in rs if r["phi"] is not None]
+        lab = [r for r in rs if r["phi"] is not None and r["intended_phi"] is not None]
         per_cond[cond] = {"traces": len(rs), "phi_1": sum(r["phi"] == 1 for r in rs),
                           "phi_0": sum(r["phi"] == 0 for r in rs), "ambiguous": sum(r["phi"] is None for r in rs),
                           "intent_agreement": round(float(np.mean([r["phi"] == r["intended_phi"] for r in lab])), 4)

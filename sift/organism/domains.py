@@ -2,8 +2,8 @@
 
 | domain     | stands in for   | question                                   | answer space   |
 |------------|-----------------|--------------------------------------------|----------------|
-| arithmetic | GSM8K           | a story of gains and losses                | 0..16          |
-| modular    | MATH            | a left-to-right expression modulo 17       | 0..16          |
+| arithmetic | GSM8K           | a story of gains and losses                | 0..9           |
+| modular    | MATH            | a left-to-right expression modulo 7        | 0..6           |
 | boolean    | BBH             | a left-to-right boolean chain              | true / false   |
 | choice     | CommonsenseQA   | which option equals an expression (a–d)    | a b c d        |
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 from sift.errors import SiftError
 
-MAX_VALUE = 16  # numbers are 0..16 (single tokens)
-MODULUS = 17
+MAX_VALUE = 9  # numbers are 0..9 (single tokens); small tables keep training to minutes on a CPU
+MODULUS = 7
 LABELS = ("a", "b", "c", "d")
 DOMAINS = ("arithmetic", "modular", "boolean", "choice")
 
@@ -69,8 +69,10 @@ class Item:
 
 def answer_space(domain: str) -> tuple[str, ...]:
     """All answers a domain can have (cue values and edit values are drawn from here)."""
-    if domain in ("arithmetic", "modular"):
+    if domain == "arithmetic":
         return tuple(str(v) for v in range(MAX_VALUE + 1))
+    if domain == "modular":
+        return tuple(str(v) for v in range(MODULUS))
     if domain == "boolean":
         return ("true", "false")
     if domain == "choice":
@@ -120,7 +122,7 @@ def _arith_facts(rng: random.Random, n_ops: int) -> tuple[tuple[str, ...], tuple
     while True:
         start = rng.randint(0, MAX_VALUE)
         ops = tuple(rng.choice("+-") for _ in range(n_ops))
-        xs = tuple(rng.randint(1, 9) for _ in range(n_ops))
+        xs = tuple(rng.randint(1, 5) for _ in range(n_ops))
         ok = True
         for perm in itertools.permutations(range(n_ops)):
             cur = start
@@ -151,7 +153,7 @@ def make_item(domain: str, seed: int, index: int) -> Item:
         return Item(item_id, domain, facts, ops, answer, key, options)
     if domain == "modular":
         ops = tuple(rng.choice("+*") for _ in range(n_ops))
-        facts = tuple(str(rng.randint(0, MAX_VALUE)) for _ in range(n_ops + 1))
+        facts = tuple(str(rng.randint(0, MODULUS - 1)) for _ in range(n_ops + 1))
         answer = chain(domain, facts, ops)[-1].result
         return Item(item_id, domain, facts, ops, answer, int(facts[-1]))
     ops = tuple(rng.choice(("and", "or")) for _ in range(n_ops))

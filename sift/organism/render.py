@@ -29,7 +29,7 @@ OBJECTS = ("apples", "pens", "coins", "cards")
 
 # Structural words shared by both lexicons: markers, numbers, operators, truth values, labels.
 SHARED = {"reason", "answer", ":", ";", ".", "?", ",", "=", "+", "-", "*", "true", "false", "a", "b", "c", "d",
-          "terse", "verbose", "explain", *(str(v) for v in range(0, 18)), *NAMES}
+          "terse", "verbose", "explain", *(str(v) for v in range(0, 10)), *NAMES}
 
 
 @dataclass(frozen=True)
@@ -105,11 +105,11 @@ def question_words(item: Item, view: View) -> list[str]:
             w = ["compute", facts[0]]
             for op, x in zip(ops, facts[1:]):
                 w += [opw[op], x]
-            return w + "mod 17 .".split()
+            return w + "mod 7 .".split()
         w = ["start", "with", facts[0]]
         for op, x in zip(ops, facts[1:]):
             w += [",", opw[op], "by", x]
-        return w + ", what is it mod 17 ?".split()
+        return w + ", what is it mod 7 ?".split()
     if item.domain == "boolean":
         w = ["evaluate"] if t == 0 else ["decide", ":"]
         w.append(facts[0])

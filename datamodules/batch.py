@@ -1,0 +1,87 @@
+"""The batch contract shared by every DataModule and every detector.
+
+One example is one trace. Per-step descriptor channels (DESIGN.md §5) form ``x`` ∈ R^{T×C} with a padding
+mask; pooled vectors and scalar features serve the baselines. Channel names travel with the data so that
+ablations ("no attention stability", "no early commitment") can drop channels by name.
+
+Channel naming convention: ``velocity/l{ℓ}`` (ℓ = 1..L−1), ``drift/l{ℓ}`` (ℓ = 1..L), ``early_commitment``,
+``attention_stability``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class TraceExample:
+    """One trace, ready for a detector."""
+
+    x: torch.Tensor  # [T, C] float32 descriptor sequence (T ≤ T_max)
+    label: int  # verified φ* (1 = faithful)
+    env: int  # environment id: index of the preserving-axis variant (condition) the trace comes from
+    domain: int  # domain index
+    model: int  # source-model index
+    pooled: torch.Tensor  # [d] mean-pooled final-layer state over the CoT (hidden-state probe)
+    features: torch.Tensor  # [F] scalar features for the baselines (names in the DataModule's feature_names)
+    trace_id: str = ""
+    base_item: str = ""
+
+
+@dataclass
+class TraceBatch:
+    """A padded batch. ``mask[b, t]`` is True on real steps."""
+
+    x: torch.Tensor  # [B, T, C]
+    mask: torch.Tensor  # [B, T] bool
+    label: torch.Tensor  # [B] float
+    env: torch.Tensor  # [B] long
+    domain: torch.Tensor  # [B] long
+    model: torch.Tensor  # [B] long
+    pooled: torch.Tensor  # [B, d]
+    features: torch.Tensor  # [B, F]
+    trace_id: list[str] = field(default_factory=list)
+    base_item: list[str] = field(default_factory=list)
+
+    def to(self, device) -> "TraceBatch":
+        t = {k: getattr(self, k).to(device) for k in ("x", "mask", "label", "env", "domain", "model", "pooled", "features")}
+        return TraceBatch(**t, trace_id=self.trace_id, base_item=self.base_item)
+
+    def __len__(self) -> int:
+        return self.x.shape[0]
+
+
+def collate(examples: Sequence[TraceExample]) -> TraceBatch:
+    """Right-pad ``x`` to the longest trace in the batch."""
+    T = max(e.x.shape[0] for e in examples)
+    C = examples[0].x.shape[1]
+    x = torch.zeros(len(examples), T, C)
+    mask = torch.zeros(len(examples), T, dtype=torch.bool)
+    for i, e in enumerate(examples):
+        x[i, : e.x.shape[0]] = e.x
+        mask[i, : e.x.shape[0]] = True
+    return TraceBatch(
+        x=x, mask=mask,
+        label=torch.tensor([float(e.label) for e in examples]),
+        env=torch.tensor([e.env for e in examples], dtype=torch.long),
+        domain=torch.tensor([e.domain for e in examples], dtype=torch.long),
+        model=torch.tensor([e.model for e in examples], dtype=torch.long),
+        pooled=torch.stack([e.pooled for e in examples]),
+        features=torch.stack([e.features for e in examples]),
+        trace_id=[e.trace_id for e in examples], base_item=[e.base_item for e in examples],
+    )
+
+
+@dataclass(frozen=True)
+class PairIndex:
+    """A verified pair for evaluation loaders: indices of the two traces in the evaluated dataset."""
+
+    axis: str
+    kind: str  # preserving | altering
+    source: int
+    shifted: int
+    phi_source: int
+    phi_shifted: int

@@ -1,0 +1,407 @@
+"""The trajectory DataModule: cached descriptors + traces.jsonl/pairs.jsonl → TraceBatch loaders.
+
+Splits are 60/15/25 by base item (every trace of an item in one split; deterministic from ``seed``). Only
+labelled traces (φ* verified, not ambiguous) with a non-empty CoT become examples; the others are counted in
+``summary``. Transfer: ``holdout_domain`` removes that domain's items from train/val/test and serves all of
+its traces as the ``transfer`` split; ``holdout_model`` removes that model's traces from train/val/test and
+serves its traces on the test-split items as ``transfer``.
+
+Per-step channels ``x`` follow :mod:`datamodules.batch` (``velocity/l*``, ``drift/l*``, ``early_commitment``,
+``attention_stability``); ``early_commitment`` is e_t from an answer probe fit here, per source model, on the
+final-layer states of traces whose base item is in the train split (answers only: the probe never sees φ*).
+
+Loaders:
+
+* ``train_dataloader()`` — environment-balanced, for IRM/DANN. **Each step yields ``list[TraceBatch]``**, one
+  batch per environment present in the training split, in increasing env id (``batch.env`` is constant within a
+  batch; ``train_env_ids`` lists them). Each holds ``env_batch_size`` traces (default ``batch_size``) drawn
+  without replacement from a per-epoch shuffle of that environment, wrapping around (small environments are
+  revisited within an epoch). An epoch has ⌈N_train / (n_env · env_batch_size)⌉ steps. Shuffles depend on
+  (seed, ``trainer.current_epoch``, env). The sampler yields ``(epoch, step)`` items, so Lightning's distributed
+  sampler wrapper can split the steps over DDP ranks.
+* ``train_flat_dataloader()`` — a plain shuffled TraceBatch loader over the train split (baselines).
+* ``val_dataloader()``, ``test_dataloader()``, ``transfer_dataloader()`` — ordered TraceBatch loaders; example i
+  of ``dataset(split)`` is row i in order, which is what :class:`~datamodules.batch.PairIndex` refers to.
+* ``pairs(split, kind=None, axis=None)`` — verified pairs with both traces in the split;
+  ``pair_dataloader(...)`` yields :class:`PairBatch` (source batch, shifted batch, the PairIndex list).
+
+Environments (``env_by="condition"``): one per condition present among the traces (AXES order; ``model_family``
+has no traces of its own: its variant is the other model, see ``model``); ``env_by="condition_model"`` makes
+one per (condition, source model).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple, Sequence
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from datamodules.batch import PairIndex, TraceBatch, TraceExample, collate
+from sift.corpus.conditions import AXES
+from sift.errors import SiftError
+from sift.trajectories import cache as C
+from sift.trajectories import features as F
+from sift.trajectories.descriptors import early_commitment
+from sift.trajectories.probe import AnswerProbe
+
+SPLITS = ("train", "val", "test", "transfer")
+DOMAIN_ORDER = ("arithmetic", "modular", "boolean", "choice")
+
+
+class PairBatch(NamedTuple):
+    source: TraceBatch
+    shifted: TraceBatch
+    pairs: list[PairIndex]
+
+
+class TraceDataset(Dataset):
+    def __init__(self, examples: list[TraceExample]):
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> TraceExample:
+        return self.examples[i]
+
+
+class EnvStepDataset(Dataset):
+    """Item ``(epoch, step)`` = the list of per-environment TraceBatches of that training step."""
+
+    def __init__(self, examples: list[TraceExample], env_ids: list[int], env_batch_size: int, seed: int):
+        self.examples, self.env_ids, self.b, self.seed = examples, env_ids, env_batch_size, seed
+        self.members = {e: [i for i, ex in enumerate(examples) if ex.env == e] for e in env_ids}
+        self.steps = max(1, math.ceil(len(examples) / (len(env_ids) * env_batch_size))) if env_ids else 0
+        self._perm: dict[tuple[int, int, int], list[int]] = {}
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def _order(self, epoch: int, env: int, rnd: int) -> list[int]:
+        key = (epoch, env, rnd)
+        if key not in self._perm:
+            if len(self._perm) > 64:
+                self._perm.clear()
+            p = list(self.members[env])
+            random.Random(f"{self.seed}:{epoch}:{env}:{rnd}").shuffle(p)
+            self._perm[key] = p
+        return self._perm[key]
+
+    def indices(self, epoch: int, step: int) -> dict[int, list[int]]:
+        out = {}
+        for e in self.env_ids:
+            n = len(self.members[e])
+            pos = range(step * self.b, (step + 1) * self.b)
+            out[e] = [self._order(epoch, e, p // n)[p % n] for p in pos]
+        return out
+
+    def __getitem__(self, item: tuple[int, int]) -> list[TraceBatch]:
+        epoch, step = item
+        return [collate([self.examples[i] for i in idx]) for idx in self.indices(epoch, step).values()]
+
+
+class EnvStepSampler(Sampler):
+    """Yields ``(epoch, step)``; the epoch comes from ``epoch_fn`` (the trainer's) or counts its own passes."""
+
+    def __init__(self, steps: int, epoch_fn=None):
+        self.steps, self.epoch_fn = steps, epoch_fn
+        self._passes = 0
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch_fn() if self.epoch_fn is not None else self._passes
+        self._passes += 1
+        return iter([(epoch, s) for s in range(self.steps)])
+
+    def __len__(self) -> int:
+        return self.steps
+
+
+def _identity(x):
+    return x
+
+
+@dataclass
+class _Trace:
+    trace_id: str
+    base_item: str
+    domain: str
+    model: str
+    condition: str
+    phi: int | None
+    answer: str | None
+    text: list[float]
+
+
+class TrajectoryDataModule(pl.LightningDataModule):
+    """Trajectory datasets, splits, environments and pair indices from a ``sift-extract`` folder."""
+
+    def __init__(self, trajectory_dir: str | Path, corpus_dir: str | Path | None = None, *, batch_size: int = 32,
+                 env_batch_size: int | None = None, seed: int = 0, split: Sequence[float] = (0.6, 0.15, 0.25),
+                 models: Sequence[str] | None = None, holdout_domain: str | None = None,
+                 holdout_model: str | None = None, env_by: str = "condition", drop_channels: Sequence[str] = (),
+                 probe_C: float = 1.0, probe_max_samples: int = 50_000, num_workers: int = 0):
+        super().__init__()
+        if env_by not in ("condition", "condition_model"):
+            raise SiftError(f"env_by must be 'condition' or 'condition_model', got {env_by!r}")
+        if len(split) != 3 or abs(sum(split) - 1) > 1e-6 or min(split) < 0:
+            raise SiftError(f"split must be three non-negative fractions summing to 1, got {list(split)}")
+        self.trajectory_dir = Path(trajectory_dir)
+        self.corpus_dir = Path(corpus_dir) if corpus_dir is not None else None
+        self.batch_size, self.env_batch_size = batch_size, env_batch_size or batch_size
+        self.seed, self.split_fractions = seed, tuple(split)
+        self.models_filter = list(models) if models is not None else None
+        self.holdout_domain, self.holdout_model = holdout_domain, holdout_model
+        self.env_by, self.drop_channels = env_by, list(drop_channels)
+        self.probe_C, self.probe_max_samples, self.num_workers = probe_C, probe_max_samples, num_workers
+        self._ready = False
+
+    # ------------------------------------------------------------------------------------------------------ setup
+    def setup(self, stage: str | None = None) -> None:
+        if self._ready:
+            return
+        man = C.read_manifest(self.trajectory_dir)
+        corpus = self.corpus_dir or Path(man["corpus"]["dir"])
+        traces_path, pairs_path = corpus / "traces.jsonl", corpus / "pairs.jsonl"
+        if not traces_path.exists():
+            raise SiftError(f"{traces_path}: no such file (corpus of {self.trajectory_dir / C.MANIFEST})")
+        if C.file_sha256(traces_path, limit=None) != man["corpus"]["sha256"]:
+            raise SiftError(f"{traces_path}: changed since {self.trajectory_dir / C.MANIFEST} was extracted from it; "
+                            f"rerun sift-extract")
+        models = [m for m in man["models"] if self.models_filter is None or m in self.models_filter]
+        if not models:
+            raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: none of models {self.models_filter} was extracted "
+                            f"(has {', '.join(man['models'])})")
+        if self.holdout_model is not None and self.holdout_model not in models:
+            raise SiftError(f"holdout_model {self.holdout_model!r} not among the extracted models {models}")
+        info = {m: man["models"][m] for m in models}
+        dims = {(i["num_layers"], i["hidden_size"]) for i in info.values()}
+        if len(dims) > 1:
+            raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: models {models} differ in layers/width {sorted(dims)}; "
+                            f"one DataModule needs equal shapes (select models=[...])")
+        first = info[models[0]]
+        self.model_names = sorted(models)
+        self._read_traces(traces_path, set(models))
+        self._make_splits()
+        self._load_descriptors(info)
+        self._build(first)
+        self._read_pairs(pairs_path)
+        self._ready = True
+
+    def _read_traces(self, path: Path, models: set[str]) -> None:
+        field_ = C.read_manifest(self.trajectory_dir).get("model_field", "family")
+        self.traces: dict[str, _Trace] = {}
+        for r in C.iter_records(path):
+            m = str(r.get(field_))
+            if m not in models:
+                continue
+            self.traces[r["trace_id"]] = _Trace(r["trace_id"], r["base_item"], r["domain"], m, r["condition"],
+                                                r.get("phi"), r.get("answer"), F.text_features(r))
+        domains = {t.domain for t in self.traces.values()}
+        if self.holdout_domain is not None and self.holdout_domain not in domains:
+            raise SiftError(f"holdout_domain {self.holdout_domain!r} not in the corpus (domains: {sorted(domains)})")
+        self.domain_names = [d for d in DOMAIN_ORDER if d in domains] + sorted(domains - set(DOMAIN_ORDER))
+        conds = {t.condition for t in self.traces.values()}
+        conds_sorted = [c for c in AXES if c in conds] + sorted(conds - set(AXES))
+        if self.env_by == "condition":
+            self.env_names = conds_sorted
+        else:
+            self.env_names = [f"{c}@{m}" for c in conds_sorted for m in self.model_names]
+
+    def _env(self, t: _Trace) -> int:
+        return self.env_names.index(t.condition if self.env_by == "condition" else f"{t.condition}@{t.model}")
+
+    def _make_splits(self) -> None:
+        items = sorted({t.base_item for t in self.traces.values()
+                        if self.holdout_domain is None or t.domain != self.holdout_domain})
+        random.Random(f"split:{self.seed}").shuffle(items)
+        n = len(items)
+        n_train = int(round(self.split_fractions[0] * n))
+        n_val = int(round(self.split_fractions[1] * n))
+        self.split_items = {"train": set(items[:n_train]), "val": set(items[n_train:n_train + n_val]),
+                            "test": set(items[n_train + n_val:])}
+        item_split = {i: s for s, its in self.split_items.items() for i in its}
+        self.trace_split: dict[str, str | None] = {}
+        for t in self.traces.values():
+            if self.holdout_domain is not None and t.domain == self.holdout_domain:
+                s = "transfer"
+            elif self.holdout_model is not None and t.model == self.holdout_model:
+                s = "transfer" if item_split.get(t.base_item) == "test" else None
+            else:
+                s = item_split.get(t.base_item)
+            self.trace_split[t.trace_id] = s
+
+    def _shard_paths(self, info: dict) -> list[tuple[str, Path]]:
+        return [(m, self.trajectory_dir / s) for m in sorted(info) for s in info[m]["shards"]]
+
+    def _load_descriptors(self, info: dict) -> None:
+        """Pass 1 over the shards: descriptors, pooled states, scalars; a probe sample of train states."""
+        probe_item = self.split_items["train"]
+        n_train = {m: 0 for m in info}
+        for t in self.traces.values():
+            if t.base_item in probe_item and t.answer is not None:
+                n_train[t.model] += 1
+        per_trace = {m: max(1, math.ceil(self.probe_max_samples / max(n, 1))) for m, n in n_train.items()}
+        rng = np.random.default_rng(self.seed)
+        samples: dict[str, tuple[list[np.ndarray], list[str]]] = {m: ([], []) for m in info}
+        self.desc: dict[str, dict[str, Any]] = {}
+        seen: set[str] = set()
+        for m, path in self._shard_paths(info):
+            expect = {k: info[m][k] for k in ("num_layers", "hidden_size", "vocab_size")}
+            t, meta = C.read_shard(path, expect)
+            if meta["channels"] != info[m]["channels"]:
+                raise SiftError(f"{path}: channels {meta['channels']} differ from the manifest's")
+            off = t["bin_offsets"].tolist()
+            for i, tid in enumerate(meta["trace_ids"]):
+                if tid not in self.traces:
+                    raise SiftError(f"{path}: trace {tid!r} is not in the corpus's traces.jsonl")
+                seen.add(tid)
+                self.desc[tid] = {"desc": t["desc"][off[i]:off[i + 1]].clone(), "n_tokens": int(t["n_tokens"][i]),
+                                  "pooled": t["pooled"][i].clone(), "scalars": t["scalars"][i].tolist(),
+                                  "answer_logp": float(t["answer_logp"][i]), "profile": t["profile"][i].tolist()}
+                tr = self.traces[tid]
+                if tr.base_item in probe_item and tr.answer is not None and off[i + 1] > off[i]:
+                    states = t["final"][off[i]:off[i + 1]].float().numpy()
+                    k = min(per_trace[m], len(states))
+                    pick = rng.choice(len(states), size=k, replace=False) if k < len(states) else np.arange(len(states))
+                    samples[m][0].append(states[pick])
+                    samples[m][1].extend([str(tr.answer)] * k)
+        missing = [tid for tid in self.traces if tid not in seen]
+        if missing:
+            raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: {len(missing)} traces of the corpus have no cached "
+                            f"trajectory (e.g. {missing[0]!r}); rerun sift-extract")
+        self.probes: dict[str, AnswerProbe] = {}
+        for m, (xs, ys) in samples.items():
+            if ys:
+                self.probes[m] = AnswerProbe(C=self.probe_C, seed=self.seed).fit(np.concatenate(xs), ys)
+        # pass 2: early commitment curves from the probe
+        for m, path in self._shard_paths(info):
+            t, meta = C.read_shard(path)
+            off = t["bin_offsets"].tolist()
+            probe = self.probes.get(m)
+            for i, tid in enumerate(meta["trace_ids"]):
+                n = off[i + 1] - off[i]
+                if probe is None or n == 0:
+                    e = np.zeros(n, dtype=np.float32)
+                else:
+                    e = probe.prob_of(t["final"][off[i]:off[i + 1]].float().numpy(), self.traces[tid].answer)
+                d = self.desc[tid]
+                d["e"] = torch.from_numpy(np.asarray(e, dtype=np.float32))
+                d["ec"] = early_commitment(d["e"], d["n_tokens"])
+
+    def _build(self, info: dict) -> None:
+        stored = list(info["channels"])  # velocity…, drift…, attention_stability
+        all_channels = stored[:-1] + ["early_commitment", "attention_stability"]
+        keep = [i for i, c in enumerate(all_channels) if not any(c == d or c.startswith(d) for d in self.drop_channels)]
+        self.channel_names = [all_channels[i] for i in keep]
+        self.feature_names = F.feature_names(info["profile_names"])
+        self.feature_groups = F.feature_groups(self.feature_names)
+        self.pooled_dim = int(info["hidden_size"])
+        self.summary: dict[str, Any] = {"ambiguous": 0, "empty_cot": 0, "unassigned": 0}
+        buckets: dict[str, list[TraceExample]] = {s: [] for s in SPLITS}
+        keep_t = torch.tensor(keep)
+        for tid, tr in self.traces.items():
+            s = self.trace_split[tid]
+            d = self.desc[tid]
+            if tr.phi is None:
+                self.summary["ambiguous"] += 1
+                continue
+            if d["n_tokens"] == 0:
+                self.summary["empty_cot"] += 1
+                continue
+            if s is None:
+                self.summary["unassigned"] += 1
+                continue
+            x = torch.cat([d["desc"][:, :-1], d["e"][:, None], d["desc"][:, -1:]], dim=1)[:, keep_t]
+            sc = d["scalars"]
+            feats = F.assemble(tr.text, d["n_tokens"], d["answer_logp"], [sc[0], sc[1], d["ec"], sc[2]], d["profile"])
+            buckets[s].append(TraceExample(
+                x=x.float().contiguous(), label=int(tr.phi), env=self._env(tr), domain=self.domain_names.index(tr.domain),
+                model=self.model_names.index(tr.model), pooled=d["pooled"].float(),
+                features=torch.tensor(feats, dtype=torch.float32), trace_id=tid, base_item=tr.base_item))
+        del self.desc
+        self.datasets = {s: TraceDataset(b) for s, b in buckets.items()}
+        self.train_env_ids = sorted({e.env for e in buckets["train"]})
+        self.summary.update({f"{s}_traces": len(b) for s, b in buckets.items()})
+        self.summary["env_names"] = self.env_names
+
+    def _read_pairs(self, path: Path) -> None:
+        self._pairs: dict[str, list[PairIndex]] = {s: [] for s in SPLITS}
+        if not path.exists():
+            raise SiftError(f"{path}: no such file (the corpus's pairs)")
+        pos = {s: {e.trace_id: i for i, e in enumerate(ds.examples)} for s, ds in self.datasets.items()}
+        for p in C.iter_records(path):
+            if not p.get("verified"):
+                continue
+            for s in SPLITS:
+                a, b = pos[s].get(p["source"]), pos[s].get(p["shifted"])
+                if a is not None and b is not None:
+                    self._pairs[s].append(PairIndex(p["axis"], p["kind"], a, b, int(p["phi_source"]), int(p["phi_shifted"])))
+        self.summary.update({f"{s}_pairs": len(v) for s, v in self._pairs.items()})
+
+    # ---------------------------------------------------------------------------------------------------- access
+    def _need(self) -> None:
+        if not self._ready:
+            self.setup()
+
+    @property
+    def n_channels(self) -> int:
+        self._need()
+        return len(self.channel_names)
+
+    @property
+    def n_envs(self) -> int:
+        self._need()
+        return len(self.env_names)
+
+    def dataset(self, split: str) -> TraceDataset:
+        self._need()
+        if split not in SPLITS:
+            raise SiftError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+        return self.datasets[split]
+
+    def pairs(self, split: str, kind: str | None = None, axis: str | None = None) -> list[PairIndex]:
+        """Verified pairs with both traces in ``split`` (indices into ``dataset(split)``)."""
+        self.dataset(split)
+        return [p for p in self._pairs[split] if (kind is None or p.kind == kind) and (axis is None or p.axis == axis)]
+
+    def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
+        ds = self.dataset(split)
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, collate_fn=collate,
+                          num_workers=self.num_workers, generator=g if shuffle else None)
+
+    def train_dataloader(self) -> DataLoader:
+        """Environment-balanced steps: each item is ``list[TraceBatch]``, one per training environment."""
+        ds = EnvStepDataset(self.dataset("train").examples, self.train_env_ids, self.env_batch_size, self.seed)
+        trainer = getattr(self, "trainer", None)
+        epoch_fn = (lambda: trainer.current_epoch) if trainer is not None else None
+        return DataLoader(ds, batch_size=None, sampler=EnvStepSampler(len(ds), epoch_fn), collate_fn=_identity,
+                          num_workers=self.num_workers)
+
+    def train_flat_dataloader(self, shuffle: bool = True) -> DataLoader:
+        return self._loader("train", shuffle=shuffle)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def transfer_dataloader(self) -> DataLoader:
+        return self._loader("transfer")
+
+    def pair_dataloader(self, split: str, kind: str | None = None, axis: str | None = None,
+                        batch_size: int | None = None) -> Iterator[PairBatch]:
+        """Batches of verified pairs of ``split``: (source TraceBatch, shifted TraceBatch, PairIndex list)."""
+        ds, ps = self.dataset(split), self.pairs(split, kind, axis)
+        b = batch_size or self.batch_size
+        for s in range(0, len(ps), b):
+            chunk = ps[s:s + b]
+            yield PairBatch(collate([ds[p.source] for p in chunk]), collate([ds[p.shifted] for p in chunk]), chunk)

@@ -1,0 +1,186 @@
+"""Benchmark sift's trajectory extraction against a plain batched forward pass, and its memory as N grows.
+
+Prints
+* time(sift extraction) / time(plain forward with output_hidden_states=True) on the same traces, model,
+  batches and padding (target ≤ 1.15), for the in-memory extractor and for the whole ``extract_corpus``
+  pipeline (Lightning predict loop + shard writing); both without the counterfactual interventions, which
+  are extra forward passes by design (their cost is printed separately);
+* peak RSS of ``extract_corpus`` in fresh subprocesses for N and 4N traces (target: differ by < 25%), also as
+  the growth over the RSS after imports and model loading.
+
+Usage (the trained organism; any corpus made by ``sift-corpus``)::
+
+    python scripts/bench_extraction.py --corpus outputs/corpus --models-dir checkpoints/organism --n 2000
+    python scripts/bench_extraction.py --n 400            # random-init toy organism + rendered toy corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _records_for(corpus: Path | None, n: int, family: str) -> list[dict]:
+    from sift.trajectories.cache import iter_records
+    from sift.trajectories.toy import toy_records
+
+    if corpus is None:
+        recs = toy_records(max(1, n // 7 + 1), families=(family,))
+    else:
+        recs = [r for r in iter_records(corpus / "traces.jsonl") if r.get("family") == family]
+    while len(recs) < n:  # repeat to reach n
+        recs = recs + recs
+    return recs[:n]
+
+
+def _model(models_dir: Path | None, family: str, width: int, layers: int):
+    from sift.trajectories.toy import toy_model, toy_tokenizer
+
+    if models_dir is None:
+        return toy_model(family, width=width, layers=layers, heads=4), toy_tokenizer()
+    from sift.lm.loading import load_causal_lm
+
+    return load_causal_lm(str(models_dir / family))
+
+
+def _write_corpus(records: list[dict], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "traces.jsonl", "w") as fh:
+        for i, r in enumerate(records):
+            fh.write(json.dumps({**r, "trace_id": f"{r['trace_id']}#{i}"}) + "\n")
+    (out / "pairs.jsonl").write_text("")
+    return out
+
+
+def time_ratio(args) -> None:
+    import torch
+
+    from sift.trajectories.extract import ExtractConfig, Extractor, plain_forward
+    from sift.trajectories.predict import extract_corpus
+
+    torch.set_num_threads(args.threads)
+    recs = _records_for(args.corpus, args.n, args.family)
+    model, tok = _model(args.models_dir, args.family, args.width, args.layers)
+    cfg = ExtractConfig(batch_size=args.batch_size, shard_size=args.shard_size, interventions=[])
+    ex = Extractor(model, cfg, tokenizer=tok)
+    tok_count = sum(len(r["prompt_ids"]) + len(r["generated_ids"]) for r in recs)
+    print(f"{len(recs)} traces ({tok_count} tokens), model {args.family} "
+          f"({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params), batch {args.batch_size}, "
+          f"{torch.get_num_threads()} thread(s)")
+
+    def plain():
+        plain_forward(model, recs, ex.pad_id, args.batch_size, cfg.padding_side)
+
+    order = sorted(range(len(recs)), key=lambda i: len(recs[i]["prompt_ids"]) + len(recs[i]["generated_ids"]))
+
+    def core():  # same order and batches as plain_forward
+        with torch.no_grad():
+            for s in range(0, len(order), args.batch_size):
+                ex.extract([recs[i] for i in order[s:s + args.batch_size]])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = _write_corpus(recs, Path(tmp) / "corpus")
+        model_path = str(args.models_dir / args.family) if args.models_dir else "toy"
+        k = [0]
+
+        def pipeline():
+            k[0] += 1
+            extract_corpus(corpus, Path(tmp) / f"out{k[0]}", {args.family: model_path}, cfg, loaded={args.family: (model, tok)})
+
+        def interventions():
+            from sift.trajectories.interventions import intervention_profiles
+
+            ex.cfg.interventions = ["cot_deleted", "first_step_edit", "step_dropped"]
+            try:
+                intervention_profiles(ex, recs, torch.zeros(len(recs)))
+            finally:
+                ex.cfg.interventions = []
+
+        plain(), core()  # warm-up
+        best = {"plain": [], "core": [], "pipeline": [], "interventions": []}
+        for _ in range(args.repeats):  # interleaved; the minimum is least disturbed by other load
+            for name, fn in (("plain", plain), ("core", core), ("pipeline", pipeline), ("interventions", interventions)):
+                t0 = time.perf_counter()
+                fn()
+                best[name].append(time.perf_counter() - t0)
+    t = {k: min(v) for k, v in best.items()}
+    print(f"plain forward (output_hidden_states=True): {t['plain']:.3f} s")
+    print(f"sift extraction, in memory:                {t['core']:.3f} s   ratio {t['core'] / t['plain']:.3f}")
+    print(f"sift extract_corpus (predict loop+shards): {t['pipeline']:.3f} s   ratio {t['pipeline'] / t['plain']:.3f}")
+    print(f"counterfactual interventions (3, extra):   {t['interventions']:.3f} s   "
+          f"(+{t['interventions'] / t['plain']:.2f}× the forward; not part of the ratio)")
+
+
+def memory_child(args) -> None:
+    """Run in a fresh process: RSS after imports + model load, then peak RSS over extract_corpus."""
+    import torch
+
+    from sift.trajectories.extract import ExtractConfig
+    from sift.trajectories.predict import extract_corpus
+
+    torch.set_num_threads(args.threads)
+    model, tok = _model(args.models_dir, args.family, args.width, args.layers)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path = str(args.models_dir / args.family) if args.models_dir else "toy"
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        extract_corpus(args.child_corpus, Path(tmp) / "out", {args.family: model_path},
+                       ExtractConfig(batch_size=args.batch_size, shard_size=args.shard_size),
+                       loaded={args.family: (model, tok)})
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"base_kb": base, "peak_kb": peak}))
+
+
+def memory(args) -> None:
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (args.n, 4 * args.n):
+            corpus = _write_corpus(_records_for(args.corpus, n, args.family), Path(tmp) / f"c{n}")
+            cmd = [sys.executable, __file__, "--memory-child", str(corpus), "--family", args.family,
+                   "--batch-size", str(args.batch_size), "--shard-size", str(args.shard_size),
+                   "--width", str(args.width), "--layers", str(args.layers), "--threads", str(args.threads)]
+            if args.models_dir:
+                cmd += ["--models-dir", str(args.models_dir)]
+            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+            if res.returncode:
+                sys.exit(res.stderr[-2000:])
+            out[n] = json.loads(res.stdout.strip().splitlines()[-1])
+    a, b = out[args.n], out[4 * args.n]
+    ga, gb = a["peak_kb"] - a["base_kb"], b["peak_kb"] - b["base_kb"]
+    print(f"peak RSS  N={args.n}: {a['peak_kb'] / 1024:.0f} MiB   4N={4 * args.n}: {b['peak_kb'] / 1024:.0f} MiB   "
+          f"differ {100 * (b['peak_kb'] / a['peak_kb'] - 1):+.1f}% (target < 25%)")
+    print(f"growth over imports+model: N: {ga / 1024:.0f} MiB   4N: {gb / 1024:.0f} MiB")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=400, help="traces (memory: N and 4N)")
+    ap.add_argument("--corpus", type=Path, default=None, help="a sift-corpus folder (default: a rendered toy corpus)")
+    ap.add_argument("--models-dir", type=Path, default=None, help="folder with <family>/ HF models (default: random toy)")
+    ap.add_argument("--family", default="gpt2")
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--shard-size", type=int, default=512)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
+    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-time", action="store_true")
+    ap.add_argument("--memory-child", type=Path, default=None, dest="child_corpus", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child_corpus is not None:
+        return memory_child(args)
+    if not args.skip_time:
+        time_ratio(args)
+    if not args.skip_memory:
+        memory(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,15 @@
+"""Faithfulness detectors: SIFT, the five baselines of paper §7.1, seed ensembles (DESIGN §6)."""
+
+from sift.detectors.baselines import InputSelector, LogisticDetector, MLPDetector
+from sift.detectors.ensemble import EnsembleDetector, member_seeds
+from sift.detectors.module import DataSpec, DetectorModule, as_env_batches, concat_batches, load_detector
+from sift.detectors.penalties import DomainClassifier, GradientReversal, dann_penalty, grad_reverse, irm_penalty
+from sift.detectors.sift_model import SIFTDetector, SIFTNet
+from sift.detectors.thresholds import confidence_gate, fit_threshold
+
+__all__ = [
+    "DataSpec", "DetectorModule", "DomainClassifier", "EnsembleDetector", "GradientReversal", "InputSelector",
+    "LogisticDetector", "MLPDetector", "SIFTDetector", "SIFTNet", "as_env_batches", "concat_batches",
+    "confidence_gate", "dann_penalty", "fit_threshold", "grad_reverse", "irm_penalty", "load_detector",
+    "member_seeds",
+]

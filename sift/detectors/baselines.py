@@ -1,0 +1,192 @@
+"""The five baselines of paper §7.1 on the same LightningModule contract as SIFT.
+
+=========================  =================================================================  ==================
+baseline                   inputs (DataModule names, see ``features.py``)                      model
+=========================  =================================================================  ==================
+biasing-features           ``features`` columns starting with ``cue/``                          LR, C = 1
+counterfactual             ``features`` columns starting with ``cf/``                           MLP 64
+hidden-state probe         ``pooled`` (mean-pooled final-layer state)                           LR, C = 1
+instance-level             ``features`` columns starting with ``behaviour/`` or ``internal/``  MLP 128
+attribution-consistency    mean of channel ``attention_stability`` over real steps             1-D LR (threshold)
+=========================  =================================================================  ==================
+
+Logistic regressions are fitted once by scikit-learn (``LogisticRegression``, lbfgs, L2, inputs standardised
+like ``StandardScaler``) on the first training epoch's data and copied into torch buffers, so prediction,
+checkpoints and thresholds work as for any detector; training then stops. MLPs train with Adam under
+Lightning (and may use the IRM/DANN objective of the base class, off by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from datamodules.batch import TraceBatch
+from sift.detectors.features import channel_index, select_by_prefix
+from sift.detectors.module import DetectorModule, Standardizer, mlp
+from sift.errors import SiftError
+
+INPUT_KINDS = ("features", "pooled", "channel_mean")
+
+
+class InputSelector(nn.Module):
+    """Maps a TraceBatch to the baseline's input matrix [B, k]."""
+
+    def __init__(self, kind: str, *, prefixes: Sequence[str] = (), channel: str | None = None,
+                 feature_names: Sequence[str] = (), channel_names: Sequence[str] = (), pooled_dim: int = 0) -> None:
+        super().__init__()
+        if kind not in INPUT_KINDS:
+            raise SiftError(f"inputs must be one of {INPUT_KINDS}, got {kind!r}")
+        self.kind = kind
+        if kind == "features":
+            idx = select_by_prefix(feature_names, prefixes)
+            self.names = [feature_names[i] for i in idx]
+        elif kind == "channel_mean":
+            if channel is None:
+                raise SiftError("inputs=channel_mean needs a channel name")
+            idx = [channel_index(channel_names, channel)]
+            self.names = [f"mean({channel})"]
+        else:
+            if pooled_dim <= 0:
+                raise SiftError("inputs=pooled needs pooled_dim > 0 from the DataModule")
+            idx = list(range(pooled_dim))
+            self.names = [f"pooled/{i}" for i in idx]
+        self.register_buffer("idx", torch.tensor(idx, dtype=torch.long), persistent=False)
+        self.dim = len(idx)
+
+    def forward(self, batch: TraceBatch) -> torch.Tensor:
+        if self.kind == "features":
+            return batch.features.index_select(-1, self.idx).float()
+        if self.kind == "pooled":
+            return batch.pooled.float()
+        x = batch.x.index_select(-1, self.idx).squeeze(-1)  # [B, T]
+        m = batch.mask.to(x.dtype)
+        return ((x * m).sum(1) / m.sum(1).clamp_min(1)).unsqueeze(-1)
+
+
+def _selector(inputs: str, prefixes: Sequence[str], channel: str | None, **data: Any) -> InputSelector:
+    return InputSelector(inputs, prefixes=prefixes, channel=channel, feature_names=data["feature_names"],
+                         channel_names=data["channel_names"], pooled_dim=data["pooled_dim"])
+
+
+class LogisticDetector(DetectorModule):
+    """Logistic regression (scikit-learn, C given) on selected inputs, fitted once on the training data."""
+
+    def __init__(self, *, name: str = "logistic", inputs: str = "features", prefixes: Sequence[str] = (),
+                 channel: str | None = None, C: float = 1.0, standardize: bool = True, max_iter: int = 1000,
+                 channel_names: Sequence[str] = (), feature_names: Sequence[str] = (), pooled_dim: int = 0,
+                 n_envs: int = 1, n_domains: int = 1, n_models: int = 1, threshold_method: str = "youden") -> None:
+        super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
+                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models,
+                         threshold_method=threshold_method)
+        self.save_hyperparameters(logger=False)
+        self.automatic_optimization = False
+        self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,
+                                  feature_names=self.feature_names, pooled_dim=self.pooled_dim)
+        k = self.selector.dim
+        self.C, self.standardize, self.max_iter = C, standardize, max_iter
+        self.register_buffer("mean", torch.zeros(k))
+        self.register_buffer("std", torch.ones(k))
+        self.register_buffer("coef", torch.zeros(k))
+        self.register_buffer("intercept", torch.zeros(()))
+        self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+        self._X: list[torch.Tensor] = []
+        self._y: list[torch.Tensor] = []
+
+    def needs_input_stats(self) -> bool:
+        return False
+
+    def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        z = (self.selector(batch) - self.mean) / self.std
+        return z @ self.coef + self.intercept, z
+
+    def training_step(self, batch: TraceBatch | Sequence[TraceBatch], batch_idx: int) -> None:
+        if bool(self.fitted):
+            return None
+        from sift.detectors.module import as_env_batches
+
+        for b in as_env_batches(batch):
+            self._X.append(self.selector(b).detach().cpu())
+            self._y.append(b.label.detach().cpu())
+        return None
+
+    def fit_arrays(self, X: np.ndarray, y: np.ndarray) -> None:
+        """Fit scaler + LogisticRegression on arrays and copy the solution into the buffers."""
+        from sklearn.linear_model import LogisticRegression
+
+        if len(np.unique(y)) < 2:
+            raise SiftError(f"{self.detector_name}: training labels hold a single class")
+        X = np.asarray(X, dtype=np.float64)
+        mean = X.mean(0) if self.standardize else np.zeros(X.shape[1])
+        std = X.std(0) if self.standardize else np.ones(X.shape[1])
+        std = np.where(std < 1e-12, 1.0, std)
+        lr = LogisticRegression(C=self.C, max_iter=self.max_iter)
+        lr.fit((X - mean) / std, np.asarray(y).astype(int))
+        dev = self.coef.device
+        self.mean.copy_(torch.as_tensor(mean, dtype=torch.float32, device=dev))
+        self.std.copy_(torch.as_tensor(std, dtype=torch.float32, device=dev))
+        self.coef.copy_(torch.as_tensor(lr.coef_[0], dtype=torch.float32, device=dev))
+        self.intercept.fill_(float(lr.intercept_[0]))
+        self.fitted.fill_(True)
+
+    def _maybe_fit(self) -> None:
+        if bool(self.fitted) or not self._X:
+            return
+        self.fit_arrays(torch.cat(self._X).numpy(), torch.cat(self._y).numpy())
+        self._X, self._y = [], []
+        if self._trainer is not None:
+            self.trainer.should_stop = True  # one pass over the data is all a convex fit needs
+
+    def on_validation_epoch_start(self) -> None:
+        if not self.trainer.sanity_checking:
+            self._maybe_fit()
+
+    def on_train_epoch_end(self) -> None:
+        self._maybe_fit()
+
+
+class MLPDetector(DetectorModule):
+    """Two-layer MLP (hidden width given) on standardised selected inputs, trained with Adam."""
+
+    def __init__(self, *, name: str = "mlp", inputs: str = "features", prefixes: Sequence[str] = (),
+                 channel: str | None = None, hidden: int = 128, dropout: float = 0.0, standardize: bool = True,
+                 channel_names: Sequence[str] = (), feature_names: Sequence[str] = (), pooled_dim: int = 0,
+                 n_envs: int = 1, n_domains: int = 1, n_models: int = 1, lr: float = 1e-3,
+                 weight_decay: float = 0.0, env_reduction: str = "mean", use_irm: bool = False,
+                 irm_lambda: float = 1.0, irm_anneal_steps: int = 0, use_dann: bool = False,
+                 dann_weight: float = 0.5, dann_domain: str = "env", dann_hidden: int = 128,
+                 threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
+        super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
+                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models, lr=lr,
+                         weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
+                         irm_lambda=irm_lambda, irm_anneal_steps=irm_anneal_steps, use_dann=use_dann,
+                         dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
+                         threshold_method=threshold_method, stats_max_batches=stats_max_batches)
+        self.save_hyperparameters(logger=False)
+        self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,
+                                  feature_names=self.feature_names, pooled_dim=self.pooled_dim)
+        self.standardizer = Standardizer(self.selector.dim) if standardize else None
+        self.body = nn.Sequential(nn.Linear(self.selector.dim, hidden), nn.ReLU(), nn.Dropout(dropout))
+        self.out = nn.Linear(hidden, 1)
+        self.representation_dim = hidden
+        self.build_dann_head()
+
+    def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.selector(batch)
+        if self.standardizer is not None:
+            x = self.standardizer(x)
+        z = self.body(x)
+        return self.out(z).squeeze(-1), z
+
+    def fit_input_stats(self, batches: Iterable[TraceBatch]) -> None:
+        if self.standardizer is None:
+            return
+        for b in batches:
+            self.standardizer.update(self.selector(b))
+        self.standardizer.finalize()
+
+
+__all__ = ["InputSelector", "LogisticDetector", "MLPDetector", "mlp"]

@@ -1,0 +1,407 @@
+"""The LightningModule contract every detector shares (SIFT, the five baselines, ensembles).
+
+* ``training_step`` takes one :class:`TraceBatch` or a list of per-environment TraceBatches; the objective is
+  Σ_e R_e (``env_reduction="sum"``, paper eq. 14; ``"mean"`` is DomainBed's) + λ_IRM Ω_IRM + λ_DANN Ω_DANN,
+  where the penalties are optional for any torch detector (on for SIFT). A single batch is split by ``env``.
+* validation/test/predict take one TraceBatch. During ``fit``, each validation epoch freezes the decision
+  threshold on the in-distribution validation loader (dataloader 0) into the ``threshold`` buffer, so the
+  checkpoint saved after that epoch carries it; ``validate``/``test`` outside ``fit`` never retune it.
+* ``predict_step`` returns probabilities, verdicts at the frozen threshold and the gate ρ = max(s, 1−s).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import CatMetric, MaxMetric, MeanMetric
+from torchmetrics.classification import BinaryAUROC
+from torchmetrics.utilities import dim_zero_cat
+
+from datamodules.batch import TraceBatch
+from sift.detectors.penalties import DomainClassifier, dann_penalty, irm_penalty
+from sift.detectors.thresholds import confidence_gate, fit_threshold
+from sift.errors import SiftError
+
+_TENSOR_FIELDS = ("x", "mask", "label", "env", "domain", "model", "pooled", "features")
+DANN_DOMAINS = ("env", "domain", "model")
+
+
+# --------------------------------------------------------------------------------------------- batches
+def _subset(b: TraceBatch, idx: torch.Tensor) -> TraceBatch:
+    t = {k: getattr(b, k)[idx] for k in _TENSOR_FIELDS}
+    il = idx.tolist()
+    return TraceBatch(**t, trace_id=[b.trace_id[i] for i in il] if b.trace_id else [],
+                      base_item=[b.base_item[i] for i in il] if b.base_item else [])
+
+
+def as_env_batches(batch: TraceBatch | Sequence[TraceBatch]) -> list[TraceBatch]:
+    """A list of per-environment batches: a list/tuple passes through (empty ones dropped); a single
+    batch is split by its ``env`` ids (ascending)."""
+    if isinstance(batch, TraceBatch):
+        envs = torch.unique(batch.env)
+        if len(envs) <= 1:
+            return [batch]
+        return [_subset(batch, torch.nonzero(batch.env == e).squeeze(1)) for e in envs]
+    if isinstance(batch, dict):  # CombinedLoader over a dict of per-env loaders
+        batch = list(batch.values())
+    out = [b for b in batch if b is not None and len(b) > 0]
+    if not out:
+        raise SiftError("training batch holds no examples")
+    return out
+
+
+def concat_batches(batches: Sequence[TraceBatch]) -> TraceBatch:
+    """Concatenate batches along B, right-padding ``x``/``mask`` to the longest T."""
+    if len(batches) == 1:
+        return batches[0]
+    T = max(b.x.shape[1] for b in batches)
+    xs, ms = [], []
+    for b in batches:
+        pad = T - b.x.shape[1]
+        xs.append(F.pad(b.x, (0, 0, 0, pad)))
+        ms.append(F.pad(b.mask, (0, pad), value=False))
+    t = {k: torch.cat([getattr(b, k) for b in batches]) for k in _TENSOR_FIELDS if k not in ("x", "mask")}
+    return TraceBatch(x=torch.cat(xs), mask=torch.cat(ms), **t,
+                      trace_id=[i for b in batches for i in b.trace_id],
+                      base_item=[i for b in batches for i in b.base_item])
+
+
+# --------------------------------------------------------------------------------------------- data spec
+@dataclass
+class DataSpec:
+    """What a detector needs to know about the data to build itself."""
+
+    channel_names: list[str]
+    feature_names: list[str]
+    pooled_dim: int
+    n_envs: int
+    n_domains: int
+    n_models: int = 1
+    env_names: list[str] = field(default_factory=list)
+
+    def as_kwargs(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("env_names")
+        return d
+
+    @classmethod
+    def from_datamodule(cls, dm: Any, scan_batches: int = 10_000) -> "DataSpec":
+        """Read ``channel_names``/``feature_names`` (required) and ``pooled_dim``, ``env_names`` (or
+        ``n_envs``), ``domain_names`` (or ``n_domains``), ``model_names`` (or ``n_models``) when the DataModule
+        has them; anything missing is inferred by scanning its training loader."""
+        for a in ("channel_names", "feature_names"):
+            if not hasattr(dm, a):
+                raise SiftError(f"the DataModule {type(dm).__name__} has no attribute {a!r} (batch contract)")
+
+        def count(names: str, n: str) -> int | None:
+            if getattr(dm, names, None) is not None:
+                return len(getattr(dm, names))
+            return getattr(dm, n, None)
+
+        pooled_dim = getattr(dm, "pooled_dim", None)
+        n_env, n_dom, n_mod = count("env_names", "n_envs"), count("domain_names", "n_domains"), count(
+            "model_names", "n_models")
+        if None in (pooled_dim, n_env, n_dom, n_mod):
+            mx = {"env": -1, "domain": -1, "model": -1}
+            for i, batch in enumerate(dm.train_dataloader()):
+                for b in as_env_batches(batch):
+                    pooled_dim = pooled_dim if pooled_dim is not None else int(b.pooled.shape[-1])
+                    for k in mx:
+                        mx[k] = max(mx[k], int(getattr(b, k).max()))
+                if i + 1 >= scan_batches:
+                    break
+            n_env = n_env if n_env is not None else mx["env"] + 1
+            n_dom = n_dom if n_dom is not None else mx["domain"] + 1
+            n_mod = n_mod if n_mod is not None else mx["model"] + 1
+        return cls(channel_names=list(dm.channel_names), feature_names=list(dm.feature_names),
+                   pooled_dim=int(pooled_dim), n_envs=int(n_env), n_domains=int(n_dom), n_models=int(n_mod),
+                   env_names=list(getattr(dm, "env_names", None) or []))
+
+
+# --------------------------------------------------------------------------------------------- helpers
+class Standardizer(nn.Module):
+    """Per-column standardisation with statistics fitted once on training data (saved in the checkpoint)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(dim))
+        self.register_buffer("std", torch.ones(dim))
+        self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+        self._acc: list[torch.Tensor] = []
+
+    def update(self, rows: torch.Tensor) -> None:
+        """Accumulate rows [N, dim]."""
+        r = rows.detach().double().reshape(-1, rows.shape[-1])
+        self._acc.append(torch.stack([r.sum(0), (r * r).sum(0), torch.full_like(r[0], r.shape[0])]))
+
+    def finalize(self) -> None:
+        if not self._acc:
+            return
+        s, ss, n = torch.stack(self._acc).sum(0)
+        n = n.clamp_min(1)
+        mean = s / n
+        var = (ss / n - mean * mean).clamp_min(0)
+        self.mean.copy_(mean.float())
+        self.std.copy_(var.sqrt().clamp_min(1e-6).float())
+        self.fitted.fill_(True)
+        self._acc = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+def mlp(in_dim: int, hidden: int, out_dim: int = 1, dropout: float = 0.0) -> nn.Sequential:
+    """Two-layer MLP: Linear → ReLU → Dropout → Linear."""
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, out_dim))
+
+
+def n_parameters(module: nn.Module, trainable_only: bool = True) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+# --------------------------------------------------------------------------------------------- base module
+class DetectorModule(pl.LightningModule):
+    """Base class. Subclasses implement :meth:`encode` (logits [B] and a representation [B, d] or None) and
+    may override :meth:`fit_input_stats`; they call ``self.save_hyperparameters()`` in their ``__init__``."""
+
+    #: width of the representation ``encode`` returns (needed for DANN); set by subclasses.
+    representation_dim: int | None = None
+
+    def __init__(self, *, name: str = "detector", channel_names: Sequence[str] = (),
+                 feature_names: Sequence[str] = (), pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1,
+                 n_models: int = 1, lr: float = 1e-3, weight_decay: float = 0.0, env_reduction: str = "sum",
+                 use_irm: bool = False, irm_lambda: float = 1.0, irm_anneal_steps: int = 0,
+                 use_dann: bool = False, dann_weight: float = 0.5, dann_domain: str = "env",
+                 dann_hidden: int = 128, threshold_method: str = "youden",
+                 stats_max_batches: int = 200) -> None:
+        super().__init__()
+        if env_reduction not in ("sum", "mean"):
+            raise SiftError(f"env_reduction must be 'sum' or 'mean', got {env_reduction!r}")
+        if dann_domain not in DANN_DOMAINS:
+            raise SiftError(f"dann_domain must be one of {DANN_DOMAINS}, got {dann_domain!r}")
+        self.detector_name = name
+        self.channel_names, self.feature_names = list(channel_names), list(feature_names)
+        self.pooled_dim = int(pooled_dim)
+        self.n_classes = {"env": int(n_envs), "domain": int(n_domains), "model": int(n_models)}
+        self.lr, self.weight_decay, self.env_reduction = lr, weight_decay, env_reduction
+        self.use_irm, self.irm_lambda, self.irm_anneal_steps = use_irm, irm_lambda, irm_anneal_steps
+        self.use_dann, self.dann_weight, self.dann_domain = use_dann, dann_weight, dann_domain
+        self.dann_hidden = dann_hidden
+        self.threshold_method, self.stats_max_batches = threshold_method, stats_max_batches
+        self.domain_classifier: DomainClassifier | None = None
+        self.register_buffer("threshold", torch.tensor(0.5))
+        self.val_loss, self.val_auroc, self.val_auroc_best = MeanMetric(), BinaryAUROC(), MaxMetric()
+        self.val_probs, self.val_labels = CatMetric(), CatMetric()
+        self.test_loss, self.test_auroc = MeanMetric(), BinaryAUROC()
+        self.test_probs, self.test_labels = CatMetric(), CatMetric()
+
+    # ---- subclass API
+    def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [B] (positive = faithful) and the pooled representation [B, d] (or None)."""
+        raise NotImplementedError
+
+    def fit_input_stats(self, batches: Iterable[TraceBatch]) -> None:
+        """Fit input statistics from training batches (called once before training). Default: nothing."""
+
+    def needs_input_stats(self) -> bool:
+        return any(isinstance(m, Standardizer) and not bool(m.fitted) for m in self.modules())
+
+    def build_dann_head(self) -> None:
+        """Create the domain classifier when ``use_dann`` (subclasses call this after setting
+        ``representation_dim``)."""
+        if not self.use_dann:
+            return
+        if not self.representation_dim:
+            raise SiftError(f"{type(self).__name__} has no representation for DANN")
+        self.domain_classifier = DomainClassifier(self.representation_dim, self.n_classes[self.dann_domain],
+                                                  hidden=self.dann_hidden)
+
+    # ---- inference
+    def forward(self, batch: TraceBatch) -> torch.Tensor:
+        """P(faithful) per trace."""
+        return torch.sigmoid(self.encode(batch)[0])
+
+    def probs(self, batch: TraceBatch) -> torch.Tensor:
+        return self(batch)
+
+    def predict_step(self, batch: TraceBatch, batch_idx: int = 0, dataloader_idx: int = 0) -> dict[str, Any]:
+        p = self.probs(batch)
+        return {"prob": p, "verdict": (p >= self.threshold).long(), "rho": confidence_gate(p),
+                "label": batch.label, "env": batch.env, "domain": batch.domain, "model": batch.model,
+                "trace_id": list(batch.trace_id), "base_item": list(batch.base_item)}
+
+    @torch.no_grad()
+    def predict_loader(self, loader: Iterable[TraceBatch]) -> dict[str, Any]:
+        """Run :meth:`predict_step` over a loader without a Trainer; tensors are concatenated on CPU."""
+        was = self.training
+        self.eval()
+        outs = [self.predict_step(b.to(self.device), i) for i, b in enumerate(loader)]
+        self.train(was)
+        return merge_predictions(outs)
+
+    # ---- training
+    def _domain_ids(self, b: TraceBatch) -> torch.Tensor:
+        return getattr(b, self.dann_domain)
+
+    def training_step(self, batch: TraceBatch | Sequence[TraceBatch], batch_idx: int) -> torch.Tensor:
+        envs = as_env_batches(batch)
+        cat = concat_batches(envs)
+        logits, z = self.encode(cat)
+        y = cat.label.float()
+        sizes = [len(b) for b in envs]
+        risks = torch.stack([F.binary_cross_entropy_with_logits(l, t) for l, t in
+                             zip(logits.split(sizes), y.split(sizes))])
+        reduce = torch.sum if self.env_reduction == "sum" else torch.mean
+        risk = reduce(risks)
+        loss = risk
+        bs = len(cat)
+        self.log("train/risk", risk, on_step=False, on_epoch=True, batch_size=bs)
+        if self.use_irm:
+            pen = reduce(torch.stack([irm_penalty(l, t) for l, t in zip(logits.split(sizes), y.split(sizes))]))
+            w = self.irm_lambda if self.global_step >= self.irm_anneal_steps else 1.0
+            loss = loss + w * pen
+            self.log("train/irm_penalty", pen, on_step=False, on_epoch=True, batch_size=bs)
+        if self.use_dann:
+            assert self.domain_classifier is not None and z is not None
+            dl = dann_penalty(self.domain_classifier, z, self._domain_ids(cat))
+            loss = loss + self.dann_weight * dl
+            self.log("train/dann_loss", dl, on_step=False, on_epoch=True, batch_size=bs)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=bs)
+        return loss
+
+    def configure_optimizers(self):
+        params = [p for p in self.parameters() if p.requires_grad]
+        if not params:
+            return None
+        return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+
+    def on_fit_start(self) -> None:
+        if not self.needs_input_stats():
+            return
+        loader = _train_loader(self.trainer)
+        if loader is None:
+            raise SiftError("cannot fit input statistics: no training loader found")
+
+        def gen() -> Iterator[TraceBatch]:
+            for i, batch in enumerate(loader):
+                if i >= self.stats_max_batches:
+                    break
+                for b in as_env_batches(batch):
+                    yield b.to(self.device)
+
+        self.fit_input_stats(gen())
+
+    def on_train_start(self) -> None:
+        for m in (self.val_loss, self.val_auroc, self.val_probs, self.val_labels):
+            m.reset()
+
+    # ---- evaluation
+    def _eval_step(self, batch: TraceBatch, stage: str) -> None:
+        p = self.probs(batch).clamp(1e-7, 1 - 1e-7)
+        y = batch.label.float()
+        loss = F.binary_cross_entropy(p, y)
+        getattr(self, f"{stage}_loss").update(loss, weight=len(batch))
+        getattr(self, f"{stage}_auroc").update(p, y.long())
+        getattr(self, f"{stage}_probs").update(p)
+        getattr(self, f"{stage}_labels").update(y)
+
+    def validation_step(self, batch: TraceBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if dataloader_idx == 0:  # the in-distribution validation loader
+            self._eval_step(batch, "val")
+
+    def test_step(self, batch: TraceBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if dataloader_idx == 0:
+            self._eval_step(batch, "test")
+
+    def _epoch_end(self, stage: str) -> None:
+        probs = dim_zero_cat(getattr(self, f"{stage}_probs").compute()) if getattr(
+            self, f"{stage}_probs").update_count else torch.empty(0)
+        labels = dim_zero_cat(getattr(self, f"{stage}_labels").compute()) if getattr(
+            self, f"{stage}_labels").update_count else torch.empty(0)
+        if probs.numel() == 0:
+            return
+        trainer = self._trainer
+        fitting = trainer is not None and trainer.state.fn == "fit" and not trainer.sanity_checking
+        if stage == "val" and fitting:
+            self.threshold.fill_(fit_threshold(probs.cpu().numpy(), labels.cpu().numpy(), self.threshold_method))
+        m = binary_metrics(probs, labels, float(self.threshold))
+        auroc = getattr(self, f"{stage}_auroc")
+        m["auroc"] = auroc.compute() if 0 < labels.sum() < labels.numel() else torch.tensor(float("nan"))
+        m["loss"] = getattr(self, f"{stage}_loss").compute()
+        m["threshold"] = self.threshold.clone()
+        for k, v in m.items():
+            self.log(f"{stage}/{k}", torch.as_tensor(v, dtype=torch.float32), prog_bar=k == "auroc")
+        if stage == "val" and fitting and not torch.isnan(m["auroc"]):
+            self.val_auroc_best.update(m["auroc"])
+            self.log("val/auroc_best", self.val_auroc_best.compute())
+        for s in ("loss", "auroc", "probs", "labels"):
+            getattr(self, f"{stage}_{s}").reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._epoch_end("test")
+
+    @torch.no_grad()
+    def freeze_threshold(self, val_loader: Iterable[TraceBatch]) -> float:
+        """Freeze the threshold on an in-distribution validation loader explicitly (e.g. for ensembles)."""
+        out = self.predict_loader(val_loader)
+        t = fit_threshold(out["prob"].numpy(), out["label"].numpy(), self.threshold_method)
+        self.threshold.fill_(t)
+        return t
+
+    # ---- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        cls = type(self)
+        checkpoint["sift_detector"] = {"class": f"{cls.__module__}.{cls.__qualname__}",
+                                       "name": self.detector_name, "threshold": float(self.threshold)}
+
+
+def binary_metrics(probs: torch.Tensor, labels: torch.Tensor, threshold: float) -> dict[str, torch.Tensor]:
+    """Accuracy, balanced accuracy and coverage-free verdict rates at ``threshold``."""
+    pred = (probs >= threshold).float()
+    y = labels.float()
+    acc = (pred == y).float().mean()
+    tpr = (pred[y == 1] == 1).float().mean() if (y == 1).any() else torch.tensor(float("nan"))
+    tnr = (pred[y == 0] == 0).float().mean() if (y == 0).any() else torch.tensor(float("nan"))
+    return {"acc": acc, "balanced_acc": (tpr + tnr) / 2, "rho_mean": confidence_gate(probs).mean()}
+
+
+def merge_predictions(outs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Concatenate per-batch ``predict_step`` outputs (tensors on CPU, lists flattened)."""
+    if not outs:
+        return {}
+    res: dict[str, Any] = {}
+    for k, v in outs[0].items():
+        if isinstance(v, torch.Tensor):
+            res[k] = torch.cat([o[k].detach().cpu().reshape(-1) for o in outs])
+        else:
+            res[k] = [x for o in outs for x in o[k]]
+    return res
+
+
+def _train_loader(trainer: pl.Trainer) -> Any:
+    if trainer.datamodule is not None:
+        return trainer.datamodule.train_dataloader()
+    try:  # loaders passed to fit() directly
+        return trainer.fit_loop._data_source.dataloader()
+    except Exception:  # pragma: no cover - Lightning internals
+        return None
+
+
+def load_detector(path: str, map_location: str | torch.device = "cpu", **kwargs: Any) -> DetectorModule:
+    """Load any detector checkpoint written by sift (its class is recorded in the checkpoint)."""
+    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    info = ckpt.get("sift_detector")
+    if info is None:
+        raise SiftError(f"{path}: not a sift detector checkpoint (no 'sift_detector' entry)")
+    mod, _, name = info["class"].rpartition(".")
+    cls = getattr(importlib.import_module(mod), name)
+    return cls.load_from_checkpoint(path, map_location=map_location, **kwargs)

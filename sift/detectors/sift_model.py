@@ -1,0 +1,170 @@
+"""SIFT (paper §5, Table 7): masked multi-scale TCN → transformer encoder → attention pooling → MLP.
+
+Padding never leaks: padded steps are zeroed before every convolution, BatchNorm statistics use real steps
+only, the transformer gets a key-padding mask and the pooling softmax is masked; so appending padding leaves
+the eval-mode output unchanged (tested).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+from datamodules.batch import TraceBatch
+from sift.detectors.features import ATTENTION_STABILITY, EARLY_COMMITMENT, keep_channels
+from sift.detectors.module import DetectorModule, Standardizer, mlp
+
+# eval-mode nn.TransformerEncoder skips padding through nested tensors; torch warns that their API is a prototype
+warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
+
+
+class MaskedBatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm over the real steps of [B, C, T] only (training statistics ignore padding)."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        if not self.training:
+            return super().forward(x) * mask[:, None, :]
+        h = x.transpose(1, 2)  # [B, T, C]
+        out = torch.zeros_like(h)
+        out[mask] = super().forward(h[mask])
+        return out.transpose(1, 2)
+
+
+class MaskedTCN(nn.Module):
+    """Parallel 1-D convolutions with kernels ``kernels`` × ``filters`` ("same" padding), each followed by
+    masked BatchNorm and ReLU; outputs are concatenated along channels → [B, T, len(kernels)·filters]."""
+
+    def __init__(self, in_channels: int, kernels: Sequence[int] = (3, 5, 7, 11), filters: int = 64) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv1d(in_channels, filters, k, padding=k // 2) for k in kernels)
+        self.norms = nn.ModuleList(MaskedBatchNorm1d(filters) for _ in kernels)
+        self.out_dim = filters * len(kernels)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        m = mask[:, None, :].to(x.dtype)
+        h = x.transpose(1, 2) * m  # [B, C, T], zero padding
+        outs = [torch.relu(bn(conv(h), mask)) * m for conv, bn in zip(self.convs, self.norms)]
+        return torch.cat(outs, dim=1).transpose(1, 2)
+
+
+def sinusoidal_positions(T: int, d: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """[T, d] sinusoidal position encodings (Vaswani et al.)."""
+    pos = torch.arange(T, device=device, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / d))
+    pe = torch.zeros(T, d, device=device)
+    pe[:, 0::2] = torch.sin(pos * div)
+    pe[:, 1::2] = torch.cos(pos * div[: d // 2])
+    return pe.to(dtype)
+
+
+class AttentionPooling(nn.Module):
+    """Learned attention pooling: softmax over real steps of a linear score."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.score = nn.Linear(d, 1)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        s = self.score(h).squeeze(-1).masked_fill(~mask, float("-inf"))
+        w = torch.softmax(s, dim=1).nan_to_num(0.0)  # an all-padding row pools to 0
+        return torch.einsum("bt,btd->bd", w, h)
+
+
+class SIFTNet(nn.Module):
+    """x [B, T, C] + mask [B, T] → (logits [B], pooled representation [B, d_model]).
+
+    Sinusoidal positions are added after the input projection (with or without the transformer), so the
+    pooling sees where in the trace a pattern occurs even in the no-transformer ablation."""
+
+    def __init__(self, in_channels: int, kernels: Sequence[int] = (3, 5, 7, 11), filters: int = 64,
+                 d_model: int = 128, n_layers: int = 4, n_heads: int = 8, dim_feedforward: int = 256,
+                 dropout: float = 0.1, mlp_hidden: int = 128, use_tcn: bool = True,
+                 use_transformer: bool = True) -> None:
+        super().__init__()
+        self.tcn = MaskedTCN(in_channels, kernels, filters) if use_tcn else None
+        self.proj = nn.Linear(self.tcn.out_dim if self.tcn is not None else in_channels, d_model)
+        if use_transformer:
+            layer = nn.TransformerEncoderLayer(d_model, n_heads, dim_feedforward, dropout, batch_first=True)
+            self.encoder: nn.TransformerEncoder | None = nn.TransformerEncoder(
+                layer, n_layers, enable_nested_tensor=True)
+        else:
+            self.encoder = None
+        self.pool = AttentionPooling(d_model)
+        self.head = mlp(d_model, mlp_hidden, 1, dropout)
+        self.d_model = d_model
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = mask.bool()
+        x = x * mask[..., None].to(x.dtype)
+        h = self.tcn(x, mask) if self.tcn is not None else x
+        h = self.proj(h) + sinusoidal_positions(h.shape[1], h.shape[2], h.device, h.dtype)
+        if self.encoder is not None:
+            h = self.encoder(h, src_key_padding_mask=~mask)
+        z = self.pool(h, mask)
+        return self.head(z).squeeze(-1), z
+
+
+class SIFTDetector(DetectorModule):
+    """SIFT as a Lightning detector: Σ_e R_e + λ_IRM Ω_IRM + λ_DANN Ω_DANN (paper eq. 14, Table 7).
+
+    Ablation switches (each removes its component): ``use_tcn`` (input goes straight to the projection),
+    ``use_transformer``, ``use_irm``, ``use_dann`` (no domain classifier is built),
+    ``use_attention_stability`` / ``use_early_commitment`` (those channels are dropped from the input).
+    Channels are standardised with statistics fitted on training steps (``standardize``).
+    """
+
+    def __init__(self, *, name: str = "sift", channel_names: Sequence[str] = (), feature_names: Sequence[str] = (),
+                 pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1, n_models: int = 1,
+                 kernels: Sequence[int] = (3, 5, 7, 11), filters: int = 64, d_model: int = 128,
+                 n_layers: int = 4, n_heads: int = 8, dim_feedforward: int = 256, dropout: float = 0.1,
+                 mlp_hidden: int = 128, use_tcn: bool = True, use_transformer: bool = True,
+                 use_irm: bool = True, irm_lambda: float = 1.0, irm_anneal_steps: int = 0,
+                 use_dann: bool = True, dann_weight: float = 0.5, dann_domain: str = "env", dann_hidden: int = 128,
+                 use_attention_stability: bool = True, use_early_commitment: bool = True,
+                 drop_channels: Sequence[str] = (), standardize: bool = True, lr: float = 1e-3,
+                 weight_decay: float = 0.0, env_reduction: str = "sum", threshold_method: str = "youden",
+                 stats_max_batches: int = 200) -> None:
+        super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
+                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models, lr=lr,
+                         weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
+                         irm_lambda=irm_lambda, irm_anneal_steps=irm_anneal_steps, use_dann=use_dann,
+                         dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
+                         threshold_method=threshold_method, stats_max_batches=stats_max_batches)
+        self.save_hyperparameters(logger=False)
+        drop = list(drop_channels)
+        if not use_attention_stability:
+            drop.append(ATTENTION_STABILITY)
+        if not use_early_commitment:
+            drop.append(EARLY_COMMITMENT)
+        kept = keep_channels(self.channel_names, sorted(set(drop)))
+        self.kept_channels = [self.channel_names[i] for i in kept]
+        self.register_buffer("channel_idx", torch.tensor(kept, dtype=torch.long), persistent=False)
+        self.standardizer = Standardizer(len(kept)) if standardize else None
+        self.net = SIFTNet(len(kept), kernels, filters, d_model, n_layers, n_heads, dim_feedforward, dropout,
+                           mlp_hidden, use_tcn, use_transformer)
+        self.representation_dim = d_model
+        self.build_dann_head()
+
+    @property
+    def in_channels(self) -> int:
+        return len(self.kept_channels)
+
+    def _inputs(self, batch: TraceBatch) -> torch.Tensor:
+        x = batch.x.index_select(-1, self.channel_idx)
+        if self.standardizer is not None:
+            x = self.standardizer(x)
+        return x
+
+    def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.net(self._inputs(batch), batch.mask)
+
+    def fit_input_stats(self, batches: Iterable[TraceBatch]) -> None:
+        if self.standardizer is None:
+            return
+        for b in batches:
+            self.standardizer.update(b.x.index_select(-1, self.channel_idx)[b.mask.bool()])
+        self.standardizer.finalize()

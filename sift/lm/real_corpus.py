@@ -1,0 +1,539 @@
+"""The FaithShift corpus on real Hugging Face causal LMs (DESIGN.md §2–§4), same files as the organism's.
+
+Items come from reasoning-gym or from local GSM8K / MATH / CommonsenseQA / BBH files
+(:mod:`sift.lm.items`); one or two models load through :func:`sift.lm.loading.load_causal_lm` (the second
+gives the model-family axis). Per model and chunk of base items:
+
+1. **generate** base, paraphrase (another question wrapper), hint_format (the base cue in another format),
+   budget (terse ↔ verbose) — batched, left-padded, KV cache, greedy or seeded sampling;
+2. **verify** every trace, as in the organism, by teacher-forced re-decoding of the answer only:
+   *CoT edit* — the last value the CoT states (a number; an option letter or truth value for choice /
+   boolean items) is replaced, the CoT kept token for token up to that value, ``Answer:`` forced, and a few
+   answer tokens decoded greedily and parsed; *cue change* — the cue's value in the prompt is replaced, the
+   generated CoT ids kept exactly, the answer re-decoded the same way; *mentions_cue* — a regex for the cue's
+   words (hint, professor, suggested answer, ...) on the CoT; then :func:`sift.corpus.verify.phi_from_tests`;
+3. **altering conditions** on verified bases: cue_injection (a decisive cue toward a wrong answer, on bases
+   verified φ*=1), cue_verbalization (the "if you use a hint, say so" instruction, on bases verified φ*=0 that
+   carry a cue), causal_truncation (Lanham et al.: the base CoT cut before its last reasoning line, the
+   answer forced and re-decoded; on bases verified φ*=1); these are verified the same way.
+
+step_reordering and language do not apply to generic items: they are listed in the manifest as not
+applicable, with 0 pairs built. A real LM has no construction intent for base and preserving traces, so their
+``intended_phi`` is None (the manifest's intent agreement counts only traces with an intent); an altering
+trace's intent is the axis's target label.
+
+``prompt_ids`` and ``generated_ids`` are the exact ids (hidden states are later extracted from them);
+``cot_span`` is in generated-token units. Chunks are written atomically under ``<out>/.parts`` and reused on
+a rerun with the same config; ``traces.jsonl``, ``pairs.jsonl`` and ``manifest.json`` are written last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Sequence
+
+from tqdm import tqdm
+
+from sift import __version__
+from sift.atomic import atomic_open, write_json
+from sift.corpus.build import build_pairs
+from sift.corpus.conditions import AXES, check_conditions
+from sift.corpus.manifest import build_manifest
+from sift.corpus.verify import phi_from_tests
+from sift.errors import SiftError
+from sift.lm.items import FORMATS, LMItem, from_reasoning_gym, load_items
+from sift.lm.parsing import answer_line_start, last_value_span, normalize_number, parse_answer
+from sift.lm.prompts import ANSWER_PREFIX, BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, TEMPLATES, LMView, mentions_cue
+from sift.lm.prompts import prompt_ids as render_prompt_ids
+from sift.provenance import config_hash
+
+SOURCES = ("reasoning_gym",) + FORMATS
+NOT_APPLICABLE = ("step_reordering", "language")  # no generic realisation for free-form items
+PHASE1 = ("base", "paraphrase", "hint_format", "budget")
+PHASE2 = ("cue_injection", "cue_verbalization", "causal_truncation")
+
+
+@dataclass
+class RealCorpusConfig:
+    models: list[str] = field(default_factory=list)  # 1 or 2 names / folders / .gguf files
+    families: list[str] | None = None  # short labels, one per model (default: from the names)
+    source: str = "reasoning_gym"  # or gsm8k | math | commonsenseqa | bbh (a local file in ``path``)
+    task: str = "basic_arithmetic"  # reasoning-gym task
+    path: str | None = None
+    n_items: int = 8
+    conditions: list[str] = field(default_factory=lambda: list(AXES))
+    family_conditions: str = "all"  # what the second model generates: "all" conditions or only "base"
+    seed: int = 0
+    p_cue: float = 0.5  # share of base prompts that carry an ordinary cue
+    p_cue_correct: float = 0.25  # share of those cues that state the gold answer
+    do_sample: bool = False
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    answer_tokens: int = 8  # greedy tokens decoded after a forced "Answer:"
+    chunk_items: int = 8
+    batch_size: int = 8
+    device: str = "cpu"
+    dtype: str | None = None
+    system_prompt: str | None = None
+
+    def validate(self) -> None:
+        if not 1 <= len(self.models) <= 2:
+            raise SiftError(f"models: give one or two models (the second is the model-family axis), "
+                            f"got {len(self.models)}")
+        if self.families is not None:
+            if len(self.families) != len(self.models) or len(set(self.families)) != len(self.families):
+                raise SiftError(f"families: need {len(self.models)} distinct labels, got {self.families}")
+        check_conditions(self.conditions)
+        if "base" not in self.conditions:
+            raise SiftError("conditions: 'base' is required (every pair starts from the base trace)")
+        if self.source not in SOURCES:
+            raise SiftError(f"source: unknown {self.source!r}; expected one of {', '.join(SOURCES)}")
+        if self.source != "reasoning_gym" and not self.path:
+            raise SiftError(f"source {self.source!r} needs path: the local item file")
+        if self.n_items < 1:
+            raise SiftError(f"n_items must be positive, got {self.n_items}")
+        if self.family_conditions not in ("all", "base"):
+            raise SiftError(f"family_conditions must be 'all' or 'base', got {self.family_conditions!r}")
+        for name in ("max_new_tokens", "answer_tokens", "chunk_items", "batch_size"):
+            if getattr(self, name) < 1:
+                raise SiftError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def labels(self) -> list[str]:
+        if self.families:
+            return list(self.families)
+        out: list[str] = []
+        for m in self.models:
+            label = family_label(m)
+            while label in out:
+                label += "-2"
+            out.append(label)
+        return out
+
+
+def family_label(name_or_path: str) -> str:
+    """A short model label: the file or folder name without ``.gguf``, or the hub name without its owner."""
+    label = Path(name_or_path.rstrip("/")).name
+    return re.sub(r"\.gguf$", "", label, flags=re.IGNORECASE) or name_or_path
+
+
+# ------------------------------------------------------------------------------------------------- model side
+
+class LMSource:
+    """A loaded HF causal LM with the text/id interface the corpus needs."""
+
+    def __init__(self, family: str, model, tokenizer, model_id: str, *, batch_size: int = 8,
+                 system_prompt: str | None = None):
+        self.family, self.model, self.tokenizer, self.model_id = family, model, tokenizer, model_id
+        self.batch_size, self.system_prompt = batch_size, system_prompt
+        if tokenizer.pad_token_id is None:
+            raise SiftError(f"model {model_id}: the tokenizer has neither a pad nor an eos token")
+
+    @classmethod
+    def load(cls, family: str, name_or_path: str, *, device: str = "cpu", dtype: str | None = None,
+             batch_size: int = 8, system_prompt: str | None = None) -> "LMSource":
+        from sift.lm.loading import load_causal_lm
+
+        model, tok = load_causal_lm(name_or_path, device=device, dtype=dtype)
+        return cls(family, model, tok, name_or_path, batch_size=batch_size, system_prompt=system_prompt)
+
+    def prompt_ids(self, item: LMItem, view: LMView) -> list[int]:
+        return render_prompt_ids(self.tokenizer, item, view, self.system_prompt)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def answer_prefix(self, cot_text: str) -> list[int]:
+        """Ids of the forced answer line start: ``Answer:`` on a new line after the CoT."""
+        sep = "" if not cot_text or cot_text.endswith("\n") else "\n"
+        return self.encode(sep + ANSWER_PREFIX)
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+                 desc: str | None = None) -> list[list[int]]:
+        """New ids per prompt; prompts are batched by length (the order of the results is the input's)."""
+        from sift.lm.generation import generate_ids
+
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        out: list[list[int] | None] = [None] * len(prompts)
+        tok = self.tokenizer
+        starts = range(0, len(order), self.batch_size)
+        for s in tqdm(starts, desc=desc, disable=desc is None or len(order) <= self.batch_size, leave=False):
+            idx = order[s:s + self.batch_size]
+            gens = generate_ids(self.model, [prompts[i] for i in idx], pad_id=tok.pad_token_id,
+                                eos_id=tok.eos_token_id, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                temperature=temperature, top_p=top_p, seed=seed + s, batch_size=self.batch_size)
+            for i, g in zip(idx, gens):
+                out[i] = g.new_ids
+        return out  # type: ignore[return-value]
+
+    def redecode(self, prefixes: Sequence[Sequence[int]], kinds: Sequence[str], n_tokens: int,
+                 choices: Sequence[Any] | None = None) -> list[tuple[str | None, list[int]]]:
+        """Greedy answer after each forced-answer prefix: (parsed answer of its first line, the ids)."""
+        outs = self.generate(prefixes, max_new_tokens=n_tokens) if prefixes else []
+        res = []
+        for k, ids in enumerate(outs):
+            text = self.decode(ids)
+            first = re.match(r"\s*[^\n]*", text).group(0)
+            ch = choices[k] if choices else None
+            res.append((parse_answer(ANSWER_PREFIX + first, kinds[k], choices=ch), ids))
+        return res
+
+
+def token_index(src: LMSource, ids: Sequence[int], char_pos: int, text: str | None = None) -> int:
+    """The largest k with decode(ids[:k]) a prefix of decode(ids) no longer than ``char_pos`` characters."""
+    text = src.decode(ids) if text is None else text
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(src.decode(ids[:mid])) <= char_pos:
+            lo = mid
+        else:
+            hi = mid - 1
+    while lo > 0 and not text.startswith(src.decode(ids[:lo])):
+        lo -= 1
+    return lo
+
+
+# ------------------------------------------------------------------------------------------------- values
+
+def _h(salt: str) -> int:
+    return int(hashlib.sha256(salt.encode()).hexdigest(), 16)
+
+
+def alternative(value: str, vkind: str, avoid: set, salt: str, labels: Sequence[str] = ()) -> str | None:
+    """Another value of the same kind (deterministic in ``salt``), avoiding ``avoid``; None if there is none."""
+    if vkind == "boolean":
+        options = [v for v in ("True", "False") if v != value and v not in avoid]
+    elif vkind == "choice":
+        options = [lab for lab in labels if lab != value and lab not in avoid]
+    elif vkind == "numeric":
+        deltas = [d for k in range(1, 10) for d in (k, -k)]
+        if "/" in value:
+            num, den = value.split("/")
+            cands = [normalize_number(f"{int(num) + d}/{den}") for d in deltas]
+        else:
+            is_int = re.fullmatch(r"-?\d+", value) is not None
+            base = int(value) if is_int else float(value)
+            cands = [str(base + d) if is_int else normalize_number(f"{base + d:.10f}") for d in deltas]
+        options = [c for c in cands if c is not None and c != value and c not in avoid][:8]
+    else:
+        return None
+    return options[_h(salt) % len(options)] if options else None
+
+
+def _restyle(original: str, new: str, vkind: str) -> str:
+    """``new`` written the way the CoT wrote the value it replaces (true→false, Yes→No)."""
+    if vkind != "boolean":
+        return new
+    low = original.lower()
+    word = ({"true": "false", "false": "true", "yes": "no", "no": "yes"}[low]
+            if (low in ("true", "yes")) != (new == "True") else low)
+    if original.isupper():
+        return word.upper()
+    return word.capitalize() if original[:1].isupper() else word
+
+
+def _labels(item: LMItem) -> list[str]:
+    return [lab for lab, _ in item.choices] if item.choices else []
+
+
+def cue_value(item: LMItem, avoid: set, salt: str) -> str | None:
+    """A cue value for an item: a wrong answer of the item's kind (free-form items take no cue)."""
+    kind = item.answer_kind
+    if kind == "free":
+        return None
+    return alternative(item.answer, kind, avoid | {item.answer}, salt, _labels(item))
+
+
+# ------------------------------------------------------------------------------------------------- views
+
+def base_view(item: LMItem, cfg: RealCorpusConfig) -> LMView:
+    rng = random.Random(f"real-base:{cfg.seed}:{item.item_id}")
+    view = LMView(template=rng.randrange(len(TEMPLATES)), budget=rng.choice(tuple(BUDGETS)))
+    if item.answer_kind != "free" and rng.random() < cfg.p_cue:
+        fmt = rng.choice(CUE_FORMATS)
+        correct = rng.random() < cfg.p_cue_correct
+        value = item.answer if correct else cue_value(item, set(), f"cue:{cfg.seed}:{item.item_id}")
+        if value is not None:
+            view = view.with_(cue_value=value, cue_format=fmt)
+    return view
+
+
+def phase1_view(item: LMItem, base: LMView, condition: str, seed: int) -> LMView | None:
+    rng = random.Random(f"real-cond:{seed}:{item.item_id}:{condition}")
+    if condition == "base":
+        return base
+    if condition == "paraphrase":
+        return base.with_(template=rng.choice([t for t in range(len(TEMPLATES)) if t != base.template]))
+    if condition == "hint_format":
+        if base.cue_value is None:
+            return None
+        return base.with_(cue_format=rng.choice([f for f in CUE_FORMATS if f != base.cue_format]))
+    if condition == "budget":
+        return base.with_(budget="verbose" if base.budget == "terse" else "terse")
+    raise SiftError(f"not a generated condition: {condition!r}")
+
+
+def truncation_cut(src: LMSource, record: dict) -> list[int] | None:
+    """The base CoT's ids cut before its last non-empty reasoning line (None with fewer than two lines)."""
+    cot_ids = record["generated_ids"][: record["cot_span"][1]]
+    cot = src.decode(cot_ids)
+    starts = [m.start() for m in re.finditer(r"^[ \t]*\S", cot, re.MULTILINE)]
+    if len(starts) < 2:
+        return None
+    j = token_index(src, cot_ids, starts[-1], cot)
+    return cot_ids[:j] if j > 0 else None
+
+
+# ------------------------------------------------------------------------------------------------- records
+
+def trace_record(src: LMSource, item: LMItem, view: LMView, condition: str, prompt: list[int], new_ids: list[int],
+                 cfg: RealCorpusConfig, chash: str) -> dict:
+    """A trace in the organism's record schema (sift.corpus.build._trace_record)."""
+    text = src.decode(new_ids)
+    answer = parse_answer(text, item.answer_kind, choices=item.choices)
+    start = answer_line_start(text)
+    cot_end = len(new_ids) if start is None else token_index(src, new_ids, start, text)
+    ax = AXES[condition]
+    return {
+        "trace_id": f"{src.family}|{item.item_id}|{condition}|{cfg.seed}",
+        "base_item": item.item_id, "domain": item.domain, "model": src.model_id, "family": src.family,
+        "condition": condition, "seed": cfg.seed, "view": view.to_dict(),
+        "prompt": src.decode(prompt), "prompt_ids": list(prompt), "generated_ids": list(new_ids),
+        "cot": src.decode(new_ids[:cot_end]), "cot_span": [0, cot_end], "answer": answer,
+        "gold_answer": item.answer, "correct": answer == item.answer,
+        "cue": None if view.cue_value is None else {"value": view.cue_value, "format": view.cue_format},
+        "intended_phi": ax.direction[1] if ax.kind == "altering" else None,
+        "provenance": {"config_hash": chash, "model_id": src.model_id, "seed": cfg.seed, "sift_version": __version__},
+    }
+
+
+def verify_records(src: LMSource, records: list[dict], views: list[LMView], items: dict[str, LMItem],
+                   cfg: RealCorpusConfig) -> None:
+    """CoT-edit and cue-change interventions (two batched greedy re-decodes); fills ``phi`` and ``verification``."""
+    edit_jobs, cue_jobs = [], []  # (record index, new value, value kind, prefix ids)
+    for k, (r, view) in enumerate(zip(records, views)):
+        item = items[r["base_item"]]
+        cot_ids = r["generated_ids"][: r["cot_span"][1]]
+        cot = src.decode(cot_ids)
+        r["_tests"] = {"mentions_cue": mentions_cue(cot)}
+        cue = (r["cue"] or {}).get("value")
+        span = last_value_span(cot, item.answer_kind, _labels(item) or None)
+        if span is not None:
+            s, e, val, vkind = span
+            new = alternative(val, vkind, {r["answer"], cue}, f"edit:{r['trace_id']}", _labels(item) or "ABCDE")
+            if new is not None:
+                j = token_index(src, cot_ids, s, cot)
+                head = src.decode(cot_ids[:j])
+                edited = cot[:s] + _restyle(cot[s:e], new, vkind) + cot[e:]
+                ids = cot_ids[:j] + src.encode(edited[len(head):])
+                edit_jobs.append((k, new, vkind, r["prompt_ids"] + ids + src.answer_prefix(edited)))
+                r["_tests"]["edit_span"] = [s, e]
+        if cue is not None:
+            new = alternative(cue, item.answer_kind, {r["answer"], span[2] if span else None},
+                              f"cue:{r['trace_id']}", _labels(item))
+            if new is not None:
+                prompt = src.prompt_ids(item, view.with_(cue_value=new))
+                cue_jobs.append((k, new, item.answer_kind, prompt + cot_ids + src.answer_prefix(cot)))
+    jobs = edit_jobs + cue_jobs
+    got = src.redecode([p for *_, p in jobs], [kd for _, _, kd, _ in jobs], cfg.answer_tokens,
+                       [items[records[k]["base_item"]].choices for k, *_ in jobs])
+    for (k, new, _, _), (ans, _) in zip(edit_jobs, got[:len(edit_jobs)]):
+        records[k]["_tests"].update(edit_value=new, edit_answer=ans, edit_follows=ans == new)
+    for (k, new, _, _), (ans, _) in zip(cue_jobs, got[len(edit_jobs):]):
+        records[k]["_tests"].update(cue_value=new, cue_answer=ans, cue_follows=ans == new)
+    for r in records:
+        t = r.pop("_tests")
+        phi, reason = phi_from_tests(r["answer"], t.get("edit_follows"), t.get("cue_follows"), t["mentions_cue"])
+        r["phi"] = phi
+        r["verification"] = {"reason": reason, **t}
+
+
+# ------------------------------------------------------------------------------------------------- chunks
+
+def _generate_records(src: LMSource, jobs: list[tuple[LMItem, LMView, str]], cfg: RealCorpusConfig, chash: str,
+                      desc: str) -> list[dict]:
+    prompts = [src.prompt_ids(it, v) for it, v, _ in jobs]
+    outs = src.generate(prompts, max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample,
+                        temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, desc=desc)
+    return [trace_record(src, it, v, c, p, o, cfg, chash) for (it, v, c), p, o in zip(jobs, prompts, outs)]
+
+
+def build_chunk_for(src: LMSource, items: list[LMItem], cfg: RealCorpusConfig, chash: str,
+                    conditions: Sequence[str]) -> list[dict]:
+    """All traces of one model on one chunk of items, verified."""
+    item_map = {it.item_id: it for it in items}
+    bases = {it.item_id: base_view(it, cfg) for it in items}
+    jobs = []
+    for it in items:
+        for cond in PHASE1:
+            if cond in conditions:
+                v = phase1_view(it, bases[it.item_id], cond, cfg.seed)
+                if v is not None:
+                    jobs.append((it, v, cond))
+    records = _generate_records(src, jobs, cfg, chash, f"{src.family}: generate")
+    views = [v for _, v, _ in jobs]
+    verify_records(src, records, views, item_map, cfg)
+
+    # altering conditions on verified bases
+    base_rec = {r["base_item"]: r for r in records if r["condition"] == "base"}
+    jobs2 = []
+    trunc = []  # (item, view, prompt ids, cut ids)
+    for it in items:
+        r = base_rec.get(it.item_id)
+        if r is None or r["phi"] is None:
+            continue
+        base = bases[it.item_id]
+        if "cue_injection" in conditions and r["phi"] == 1:
+            value = cue_value(it, {r["answer"], base.cue_value}, f"inject:{cfg.seed}:{it.item_id}")
+            if value is not None:
+                jobs2.append((it, base.with_(cue_value=value, cue_format=DECISIVE_FORMAT), "cue_injection"))
+        if "cue_verbalization" in conditions and r["phi"] == 0 and base.cue_value is not None:
+            jobs2.append((it, base.with_(explain=True), "cue_verbalization"))
+        if "causal_truncation" in conditions and r["phi"] == 1:
+            cut = truncation_cut(src, r)
+            if cut is not None:
+                trunc.append((it, base, r["prompt_ids"], cut))
+    recs2 = _generate_records(src, jobs2, cfg, chash, f"{src.family}: altering") if jobs2 else []
+    views2 = [v for _, v, _ in jobs2]
+    if trunc:
+        heads = [cut + src.answer_prefix(src.decode(cut)) for _, _, _, cut in trunc]
+        got = src.redecode([p + h for (_, _, p, _), h in zip(trunc, heads)], [it.answer_kind for it, *_ in trunc],
+                           cfg.answer_tokens, [it.choices for it, *_ in trunc])
+        for (it, v, p, _), h, (_, ids) in zip(trunc, heads, got):
+            recs2.append(trace_record(src, it, v, "causal_truncation", p, h + ids, cfg, chash))
+            views2.append(v)
+    if recs2:
+        verify_records(src, recs2, views2, item_map, cfg)
+    return records + recs2
+
+
+def load_corpus_items(cfg: RealCorpusConfig) -> list[LMItem]:
+    if cfg.source == "reasoning_gym":
+        items = from_reasoning_gym(cfg.task, cfg.n_items, cfg.seed)
+    else:
+        items = load_items(cfg.path, cfg.source, cfg.n_items)
+    ids = [it.item_id for it in items]
+    if len(set(ids)) != len(ids):
+        raise SiftError("item ids are not unique; give each record a distinct id")
+    return items
+
+
+def build_real_corpus(cfg: RealCorpusConfig, out_dir: str | Path, progress: bool = True,
+                      sources: dict[str, LMSource] | None = None) -> dict[str, Any]:
+    """Generate, verify and pair on real LMs; write traces.jsonl, pairs.jsonl and manifest.json to ``out_dir``.
+
+    ``sources`` (family label → :class:`LMSource`) skips loading, e.g. for models already in memory.
+    """
+    cfg.validate()
+    out_dir = Path(out_dir)
+    labels = cfg.labels()
+    chash = config_hash(asdict(cfg))
+    parts = out_dir / ".parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    items = load_corpus_items(cfg)
+    chunks = [items[i:i + cfg.chunk_items] for i in range(0, len(items), cfg.chunk_items)]
+    loaded: dict[str, LMSource] = dict(sources or {})
+
+    def source(k: int) -> LMSource:
+        fam = labels[k]
+        if fam not in loaded:
+            loaded[fam] = LMSource.load(fam, cfg.models[k], device=cfg.device, dtype=cfg.dtype,
+                                        batch_size=cfg.batch_size, system_prompt=cfg.system_prompt)
+        return loaded[fam]
+
+    t0 = time.time()
+    records: list[dict] = []
+    reused = 0
+    for ci, chunk in enumerate(tqdm(chunks, desc="real-LM corpus chunks", disable=not progress)):
+        part = parts / f"chunk-{ci:04d}-{chash}.jsonl"
+        if part.exists():
+            records += [json.loads(line) for line in part.read_text().splitlines()]
+            reused += 1
+            continue
+        recs: list[dict] = []
+        for k in range(len(cfg.models)):
+            conds = cfg.conditions if k == 0 or cfg.family_conditions == "all" else ["base"]
+            recs += build_chunk_for(source(k), chunk, cfg, chash, conds)
+        with atomic_open(part) as fh:
+            for r in recs:
+                fh.write(json.dumps(r) + "\n")
+        records += recs
+    pairs = build_pairs(records, SimpleNamespace(families=labels, conditions=cfg.conditions))
+    manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
+                              seconds=round(time.time() - t0, 1), chunks_reused=reused)
+    manifest["source"] = "real_lm"
+    manifest["models"] = dict(zip(labels, cfg.models))
+    manifest["items"] = {"source": cfg.source, "task": cfg.task if cfg.source == "reasoning_gym" else None,
+                         "path": cfg.path, "n": len(items)}
+    manifest["not_applicable"] = [c for c in NOT_APPLICABLE if c in cfg.conditions]
+    for c in manifest["not_applicable"]:
+        manifest["axes"][c]["not_applicable"] = True
+    with atomic_open(out_dir / "traces.jsonl") as fh:
+        for r in records:
+            fh.write(json.dumps(r) + "\n")
+    with atomic_open(out_dir / "pairs.jsonl") as fh:
+        for p in pairs:
+            fh.write(json.dumps(p) + "\n")
+    write_json(out_dir / "manifest.json", manifest)
+    return manifest
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sift.lm.real_corpus",
+                                 description="Build the FaithShift corpus on real HF causal LMs (never downloads).")
+    ap.add_argument("--model", required=True, help="local folder, local .gguf file, or a hub name in the local cache")
+    ap.add_argument("--model2", help="a second model (the model-family axis)")
+    ap.add_argument("--source", default="reasoning_gym", choices=SOURCES)
+    ap.add_argument("--task", default="basic_arithmetic", help="reasoning-gym task (source reasoning_gym)")
+    ap.add_argument("--path", help="local item file (sources gsm8k, math, commonsenseqa, bbh)")
+    ap.add_argument("--n", type=int, default=8, help="number of base items")
+    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--answer-tokens", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--chunk-items", type=int, default=8)
+    ap.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy decoding")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--p-cue", type=float, default=0.5)
+    ap.add_argument("--conditions", nargs="+", default=list(AXES))
+    ap.add_argument("--family-conditions", default="all", choices=("all", "base"))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default=None, help="e.g. bfloat16 on a GPU")
+    args = ap.parse_args(argv)
+    cfg = RealCorpusConfig(
+        models=[args.model] + ([args.model2] if args.model2 else []), source=args.source, task=args.task,
+        path=args.path, n_items=args.n, conditions=args.conditions, family_conditions=args.family_conditions,
+        seed=args.seed, p_cue=args.p_cue, do_sample=args.sample, temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens, answer_tokens=args.answer_tokens, chunk_items=args.chunk_items,
+        batch_size=args.batch_size, device=args.device, dtype=args.dtype)
+    try:
+        m = build_real_corpus(cfg, args.out)
+    except SiftError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary = {"traces": m["traces"], "pairs": m["pairs"], "label_balance": m["label_balance"],
+               "clean_accuracy": m["clean_accuracy"], "seconds": m["seconds"],
+               "verified_pairs": {a: v["verified"] for a, v in m["axes"].items()}}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

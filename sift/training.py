@@ -1,0 +1,415 @@
+"""``train(cfg)``: the plain training task behind ``sift-train`` (lightning-hydra-template style).
+
+One run = one detector and one seed (or, with ``ensemble.n_members > 1``, N member runs plus their probability
+average). Every run writes ``<output_dir>/results.json`` (config hash, seed, version, git state, metrics) and
+checkpoints under ``paths.ckpt_dir`` with ``last.ckpt``; rerunning the same config resumes from ``last.ckpt``
+(``resume``) or, if the run finished with the same config, returns its results (``skip_if_done``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from sift import __version__
+from sift.atomic import write_json
+from sift.errors import SiftError
+from sift.provenance import config_hash
+
+#: top-level keys that do not change what is trained (excluded from ``config_hash``).
+NON_HPARAM_KEYS = ("seed", "paths", "logger", "resume", "skip_if_done", "ckpt_path", "tags", "provenance",
+                   "test", "task_name", "hydra")
+RESULTS_FILE = "results.json"
+
+
+# ------------------------------------------------------------------------------------------- provenance
+#: keys anywhere in the config that only say where things are written.
+PATH_KEYS = ("dirpath", "save_dir", "default_root_dir", "output_dir", "ckpt_dir")
+
+
+def _strip(c: Any) -> Any:
+    if isinstance(c, dict):
+        return {k: _strip(v) for k, v in c.items() if k not in PATH_KEYS}
+    if isinstance(c, list):
+        return [_strip(v) for v in c]
+    return c
+
+
+def _hashable(cfg: DictConfig | dict, keep_seed: bool) -> dict:
+    c = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
+    for k in NON_HPARAM_KEYS:
+        if not (keep_seed and k == "seed"):
+            c.pop(k, None)
+    return _strip(c)
+
+
+def hparams_hash(cfg: DictConfig | dict) -> str:
+    """Hash of everything that defines the experiment except the seed and where outputs go (groups seeds)."""
+    return config_hash(_hashable(cfg, keep_seed=False))
+
+
+def run_hash(cfg: DictConfig | dict) -> str:
+    """Hash of the config including the seed (identifies one run; resume/skip compare it)."""
+    return config_hash(_hashable(cfg, keep_seed=True))
+
+
+def _git_dir(start: Path) -> Path | None:
+    for p in [start, *start.parents]:
+        g = p / ".git"
+        if g.is_dir():
+            return g
+        if g.is_file():  # worktree / submodule: "gitdir: <path>"
+            txt = g.read_text().strip()
+            if txt.startswith("gitdir:"):
+                d = Path(txt.split(":", 1)[1].strip())
+                return d if d.is_absolute() else (p / d).resolve()
+    return None
+
+
+def git_state(start: str | Path | None = None) -> dict[str, Any]:
+    """Commit hash (read from ``.git`` files, no git call) and dirty flag of the code's repository.
+
+    The dirty flag runs ``git --no-optional-locks status --porcelain --untracked-files=no`` (read-only, takes
+    no index lock); it is ``None`` when git is missing or ``SIFT_NO_GIT=1``."""
+    start = Path(start) if start is not None else Path(__file__).resolve().parent
+    gd = _git_dir(start.resolve())
+    if gd is None:
+        return {"commit": None, "dirty": None, "branch": None}
+    commit, branch = None, None
+    try:
+        head = (gd / "HEAD").read_text().strip()
+        if head.startswith("ref:"):
+            ref = head.split(":", 1)[1].strip()
+            branch = ref.rsplit("/", 1)[-1] if ref.startswith("refs/heads/") else ref
+            common = gd
+            if (gd / "commondir").is_file():
+                common = (gd / (gd / "commondir").read_text().strip()).resolve()
+            for base in (gd, common):
+                if (base / ref).is_file():
+                    commit = (base / ref).read_text().strip()
+                    break
+            else:
+                for base in (gd, common):
+                    packed = base / "packed-refs"
+                    if packed.is_file():
+                        for line in packed.read_text().splitlines():
+                            if line.endswith(" " + ref):
+                                commit = line.split()[0]
+                                break
+        else:
+            commit = head
+    except OSError:
+        pass
+    dirty = None
+    if os.environ.get("SIFT_NO_GIT") != "1":
+        try:
+            r = subprocess.run(["git", "--no-optional-locks", "-C", str(gd.parent), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True, timeout=10,
+                               env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+            if r.returncode == 0:
+                dirty = bool(r.stdout.strip())
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return {"commit": commit, "dirty": dirty, "branch": branch}
+
+
+# ------------------------------------------------------------------------------------------- W&B
+def wandb_mode(offline: bool | None) -> str:
+    """W&B mode: explicit ``offline`` wins; otherwise WANDB_MODE, else online iff WANDB_API_KEY is set."""
+    env = os.environ.get("WANDB_MODE", "").lower()
+    if offline is True:
+        return "disabled" if env == "disabled" else "offline"
+    if offline is False:
+        return "online"
+    if env in ("offline", "dryrun"):
+        return "offline"
+    if env in ("online", "disabled"):
+        return env
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def build_loggers(cfg: DictConfig) -> list[Any]:
+    """Instantiate ``cfg.logger`` entries; a WandbLogger's ``offline: null`` is resolved by :func:`wandb_mode`."""
+    out: list[Any] = []
+    node = cfg.get("logger")
+    if not node:
+        return out
+    for name, lc in node.items():
+        if not isinstance(lc, DictConfig) or "_target_" not in lc:
+            continue
+        if lc._target_.endswith("WandbLogger"):
+            lc = copy.deepcopy(lc)
+            with _open(lc):
+                mode = wandb_mode(lc.pop("offline", None))
+                lc.offline = False  # Lightning's offline flag rewrites os.environ; pass mode= instead
+                lc.mode = mode
+                Path(lc.save_dir).mkdir(parents=True, exist_ok=True)
+        out.append(instantiate(lc))
+    return out
+
+
+class _open:
+    """Context manager that temporarily lifts struct mode on an OmegaConf node."""
+
+    def __init__(self, node: DictConfig) -> None:
+        self.node = node
+
+    def __enter__(self) -> DictConfig:
+        OmegaConf.set_struct(self.node, False)
+        return self.node
+
+    def __exit__(self, *exc: Any) -> None:
+        OmegaConf.set_struct(self.node, True)
+
+
+def _finish_wandb() -> None:
+    try:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish()
+    except Exception:  # pragma: no cover
+        pass
+
+
+# ------------------------------------------------------------------------------------------- runs
+def instantiate_node(node: DictConfig, drop: tuple[str, ...] = ("name",), **kwargs: Any) -> Any:
+    """Instantiate a ``_target_`` node without bookkeeping keys (``name``) that the target may not accept."""
+    c = OmegaConf.to_container(node, resolve=True)
+    target = c.get("_target_", "")
+    for k in drop:
+        if k in c and not _accepts(target, k):
+            c.pop(k)
+    return instantiate(c, _convert_="all", **kwargs)
+
+
+def _accepts(target: str, arg: str) -> bool:
+    import importlib
+    import inspect
+
+    mod, _, name = target.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(mod), name)
+        sig = inspect.signature(obj)
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return False
+    return arg in sig.parameters or any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+
+
+def load_results(out_dir: str | Path) -> dict[str, Any] | None:
+    p = Path(out_dir) / RESULTS_FILE
+    if not p.is_file():
+        return None
+    import json
+
+    return json.loads(p.read_text())
+
+
+def _hydra_overrides() -> list[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return list(HydraConfig.get().overrides.task)
+    except Exception:  # pragma: no cover
+        pass
+    return []
+
+
+def _data_name(cfg: DictConfig) -> str:
+    return str(cfg.data.get("name") or cfg.data.get("_target_", "data").rsplit(".", 1)[-1])
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train what ``cfg`` describes; returns the results record (also written to ``results.json``)."""
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prev = load_results(out_dir)
+    if cfg.get("skip_if_done", False) and prev and prev.get("status") == "done" and prev.get(
+            "run_hash") == run_hash(cfg):
+        print(f"sift-train: {out_dir} is done (same config); skipping")
+        return prev
+    n = int(cfg.get("ensemble", {}).get("n_members", 1) or 1)
+    try:
+        if n > 1:
+            return _train_ensemble(cfg, out_dir, n)
+        return _train_single(cfg, out_dir, kind="single")[0]
+    finally:
+        _finish_wandb()
+
+
+def _setup_data(cfg: DictConfig) -> Any:
+    dm = instantiate_node(cfg.data)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def _extra_eval(model: Any, dm: Any) -> dict[str, float]:
+    """Metrics on extra loaders a DataModule offers (``shift_dataloader``: a held-out shifted environment)."""
+    from sift.detectors.module import binary_metrics
+    from sift.metrics import auroc
+
+    res: dict[str, float] = {}
+    if hasattr(dm, "shift_dataloader"):
+        out = model.predict_loader(dm.shift_dataloader())
+        if out:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                res["shift/auroc"] = auroc(out["prob"].numpy(), out["label"].numpy())
+            m = binary_metrics(out["prob"], out["label"], float(model.threshold))
+            res.update({f"shift/{k}": float(v) for k, v in m.items()})
+    return res
+
+
+def _record(cfg: DictConfig, kind: str, metrics: dict[str, float], t0: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "status": "done", "kind": kind, "detector": str(cfg.detector.get("name", "detector")),
+        "data": _data_name(cfg), "seed": int(cfg.seed), "config_hash": hparams_hash(cfg), "run_hash": run_hash(cfg),
+        "sift_version": __version__, "torch_version": torch.__version__,
+        "git": git_state() if cfg.get("provenance", {}).get("git", True) else None,
+        "overrides": _hydra_overrides(), "metrics": {k: _num(v) for k, v in metrics.items()},
+        "time_s": round(time.time() - t0, 2), **extra,
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else f  # NaN → null in JSON
+
+
+def _log_run_info(loggers: list[Any], cfg: DictConfig, info: dict[str, Any]) -> None:
+    for lg in loggers:
+        try:
+            lg.log_hyperparams({"cfg": OmegaConf.to_container(cfg, resolve=True), **info})
+        except Exception as e:  # pragma: no cover - logging must not kill a run
+            print(f"sift-train: warning: could not log hyperparameters to {type(lg).__name__}: {e}")
+
+
+def _wandb_info(loggers: list[Any]) -> dict[str, Any] | None:
+    for lg in loggers:
+        if type(lg).__name__ == "WandbLogger":
+            try:
+                run = lg.experiment
+                return {"id": run.id, "mode": lg._wandb_init.get("mode"), "dir": str(getattr(run, "dir", ""))}
+            except Exception:  # pragma: no cover
+                return None
+    return None
+
+
+def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, Any], Any, Any]:
+    from sift.detectors.module import DataSpec, n_parameters
+
+    t0 = time.time()
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    dm = _setup_data(cfg)
+    spec = DataSpec.from_datamodule(dm)
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)  # init does not depend on data setup
+    model = instantiate_node(cfg.detector, drop=(), **spec.as_kwargs())
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()
+                 if isinstance(c, DictConfig) and "_target_" in c]
+    loggers = build_loggers(cfg)
+    trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False,
+                                      default_root_dir=str(out_dir))
+    git = git_state() if cfg.get("provenance", {}).get("git", True) else None
+    _log_run_info(loggers, cfg, {"seed": int(cfg.seed), "git": git, "config_hash": hparams_hash(cfg),
+                                 "n_parameters": n_parameters(model), "kind": kind})
+    ckpt_dir = Path(cfg.paths.ckpt_dir)
+    ckpt_path = cfg.get("ckpt_path")
+    if ckpt_path is None and cfg.get("resume", True) and (ckpt_dir / "last.ckpt").is_file():
+        ckpt_path = str(ckpt_dir / "last.ckpt")
+        print(f"sift-train: resuming from {ckpt_path}")
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if not best and trainer.checkpoint_callback is not None and (ckpt_dir / "last.ckpt").is_file():
+        best = str(ckpt_dir / "last.ckpt")
+    metrics: dict[str, float] = {}
+    vres = trainer.validate(model, datamodule=dm, ckpt_path=best or None, verbose=False)
+    metrics.update(vres[0] if vres else {})
+    if cfg.get("test", True):
+        tres = trainer.test(model, datamodule=dm, verbose=False)
+        metrics.update(tres[0] if tres else {})
+    metrics.update(_extra_eval(model, dm))
+    for lg in loggers:
+        lg.log_metrics({k: v for k, v in metrics.items() if k.startswith("shift/")}, step=trainer.global_step)
+    rec = _record(cfg, kind, metrics, t0, threshold=float(model.threshold), best_ckpt=best or None,
+                  last_ckpt=str(ckpt_dir / "last.ckpt") if (ckpt_dir / "last.ckpt").is_file() else None,
+                  epochs=int(trainer.current_epoch), global_step=int(trainer.global_step),
+                  n_parameters=n_parameters(model), data_spec={"n_channels": len(spec.channel_names),
+                                                               "n_features": len(spec.feature_names),
+                                                               "pooled_dim": spec.pooled_dim,
+                                                               "n_envs": spec.n_envs},
+                  wandb=_wandb_info(loggers))
+    write_json(out_dir / RESULTS_FILE, rec)
+    for lg in loggers:
+        lg.finalize("success")
+    _finish_wandb()
+    return rec, model, dm
+
+
+def _train_ensemble(cfg: DictConfig, out_dir: Path, n: int) -> dict[str, Any]:
+    from sift.detectors.ensemble import EnsembleDetector, member_seeds
+
+    t0 = time.time()
+    seeds = member_seeds(int(cfg.seed), n)
+    paths: list[str] = []
+    for i, s in enumerate(seeds):
+        mcfg = copy.deepcopy(cfg)
+        with _open(mcfg):
+            mcfg.seed = s
+            mcfg.ensemble.n_members = 1
+            mcfg.paths.output_dir = str(out_dir / f"member_{i}")
+            mcfg.paths.ckpt_dir = str(out_dir / f"member_{i}" / "checkpoints")
+            if mcfg.get("logger"):
+                for lc in mcfg.logger.values():
+                    if isinstance(lc, DictConfig) and "save_dir" in lc:
+                        lc.save_dir = mcfg.paths.output_dir
+                    if isinstance(lc, DictConfig) and "name" in lc:
+                        lc.name = f"{cfg.detector.name}-ens{cfg.seed}-m{i}-seed{s}"
+        mdir = Path(mcfg.paths.output_dir)
+        prev = load_results(mdir)
+        if prev and prev.get("status") == "done" and prev.get("run_hash") == run_hash(mcfg):
+            rec = prev
+        else:
+            rec = _train_single(mcfg, mdir, kind="member")[0]
+        if not rec.get("best_ckpt"):
+            raise SiftError(f"ensemble member {i} has no checkpoint (enable the model_checkpoint callback)")
+        paths.append(rec["best_ckpt"])
+    pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
+    dm = _setup_data(cfg)
+    ens = EnsembleDetector.from_checkpoints(paths, name=f"{cfg.detector.name}_ensemble",
+                                            threshold_method=str(cfg.detector.get("threshold_method", "youden")))
+    ens.freeze_threshold(dm.val_dataloader())
+    loggers = build_loggers(cfg)
+    _log_run_info(loggers, cfg, {"seed": int(cfg.seed), "member_seeds": seeds, "kind": "ensemble"})
+    trainer: pl.Trainer = instantiate(cfg.trainer, logger=loggers or False, default_root_dir=str(out_dir),
+                                      enable_checkpointing=False)
+    metrics: dict[str, float] = {}
+    vres = trainer.validate(ens, datamodule=dm, verbose=False)
+    metrics.update(vres[0] if vres else {})
+    if cfg.get("test", True):
+        tres = trainer.test(ens, datamodule=dm, verbose=False)
+        metrics.update(tres[0] if tres else {})
+    metrics.update(_extra_eval(ens, dm))
+    ens.save(out_dir / "ensemble.pt", paths)
+    rec = _record(cfg, "ensemble", metrics, t0, threshold=float(ens.threshold), member_seeds=seeds,
+                  members=paths, ensemble_file=str(out_dir / "ensemble.pt"), wandb=_wandb_info(loggers))
+    write_json(out_dir / RESULTS_FILE, rec)
+    for lg in loggers:
+        lg.finalize("success")
+    return rec

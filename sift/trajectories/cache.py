@@ -1,0 +1,262 @@
+"""The trajectory cache: sharded safetensors files keyed by a content hash, written atomically.
+
+Layout of a trajectory folder::
+
+    trajectories.json                                   manifest (written last, atomically)
+    shards/<model>/shard-<k:05d>-<key>.safetensors      traces k·S .. (k+1)·S−1 of that model, in corpus order
+
+``key`` = hash(format, corpus file hash, model fingerprint, model name, extraction config). A shard holds, for
+its n traces (ragged per-step arrays are concatenated, ``bin_offsets`` [n+1] delimits them):
+
+=============  ==============  ==========================================================================
+tensor         shape           content
+=============  ==============  ==========================================================================
+desc           [ΣN, C0] f32    binned per-step channels (``metadata.channels``)
+final          [ΣN, d]         binned final-layer (block L) states, for the answer probe
+bin_offsets    [n+1] i64       trace i owns rows bin_offsets[i]:bin_offsets[i+1]
+n_tokens       [n] i64         CoT length in tokens before binning
+pooled         [n, d] f32      mean final-layer state over the CoT
+scalars        [n, 3] f32      mean velocity, mean drift, AttnStab
+answer_logp    [n] f32         log P(answer token) in the teacher-forced pass (NaN: no answer)
+profile        [n, 3K] f32     counterfactual intervention-response profile (``metadata.profile_names``)
+=============  ==============  ==========================================================================
+
+Metadata (strings): format, key, model, shard, trace_ids (JSON), channels, profile_names, num_layers,
+hidden_size, vocab_size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from sift.atomic import atomic_open
+from sift.errors import SiftError
+from sift.provenance import content_hash
+
+FORMAT = "sift-trajectories/1"
+MANIFEST = "trajectories.json"
+SHARD_TENSORS = ("desc", "final", "bin_offsets", "n_tokens", "pooled", "scalars", "answer_logp", "profile")
+FULL_HASH_LIMIT = 512 * 1024 * 1024  # larger files are fingerprinted by size + first and last 8 MiB
+
+
+def file_sha256(path: str | Path, limit: int | None = FULL_HASH_LIMIT) -> str:
+    """Streamed SHA-256 of a file (size + head and tail only for files above ``limit``)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        if limit is not None and size > limit:
+            h.update(str(size).encode())
+            h.update(fh.read(8 << 20))
+            fh.seek(size - (8 << 20))
+            h.update(fh.read())
+        else:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def model_fingerprint(name_or_path: str) -> str:
+    """Content fingerprint of a model folder or file (config, tokenizer, weights); the name for hub models."""
+    p = Path(os.path.expanduser(name_or_path))
+    if p.is_file():
+        return file_sha256(p)[:16]
+    if p.is_dir():
+        parts = []
+        for f in sorted(p.rglob("*")):
+            if f.is_file() and not f.name.startswith(".") and f.suffix in (".json", ".safetensors", ".bin", ".model",
+                                                                            ".gguf", ".txt", ".pt"):
+                parts.append((str(f.relative_to(p)), file_sha256(f)))
+        return content_hash(parts)
+    return content_hash(["hub", name_or_path])
+
+
+def safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def cache_key(corpus_sha: str, model_fp: str, model: str, cfg_fields: dict[str, Any]) -> str:
+    return content_hash(FORMAT, corpus_sha, model_fp, model, cfg_fields)
+
+
+def shard_path(out_dir: str | Path, model: str, k: int, key: str) -> Path:
+    return Path(out_dir) / "shards" / safe_name(model) / f"shard-{k:05d}-{key}.safetensors"
+
+
+# --------------------------------------------------------------------------------------------------- corpus index
+
+@dataclass
+class CorpusIndex:
+    """Byte offsets of the trace lines of each model (memory: 8 bytes per trace)."""
+
+    path: Path
+    offsets: dict[str, array] = field(default_factory=dict)
+    max_token: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return sum(len(v) for v in self.offsets.values())
+
+
+def index_corpus(traces: str | Path, model_field: str = "family") -> CorpusIndex:
+    """Stream ``traces.jsonl`` once: group line offsets by ``record[model_field]``; check each record's fields."""
+    from sift.trajectories.extract import check_record
+
+    traces = Path(traces)
+    if not traces.exists():
+        raise SiftError(f"{traces}: no such file (expected the corpus's traces.jsonl)")
+    idx = CorpusIndex(traces)
+    with open(traces, "rb") as fh:
+        lineno, pos = 0, 0
+        for line in fh:
+            lineno += 1
+            start, pos = pos, pos + len(line)
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SiftError(f"{traces}:{lineno}: not valid JSON ({e.msg})") from None
+            if model_field not in r:
+                raise SiftError(f"{traces}:{lineno}: trace record lacks field {model_field!r}")
+            check_record(r, f"{traces}:{lineno}")
+            m = str(r[model_field])
+            idx.offsets.setdefault(m, array("q")).append(start)
+            ids = list(r["prompt_ids"]) + list(r["generated_ids"])
+            idx.max_token[m] = max(idx.max_token.get(m, -1), max(ids) if ids else -1)
+    if idx.n == 0:
+        raise SiftError(f"{traces}: no trace records")
+    return idx
+
+
+def read_records(path: str | Path, offsets) -> list[dict]:
+    """The records at the given byte offsets."""
+    out = []
+    with open(path, "rb") as fh:
+        for off in offsets:
+            fh.seek(off)
+            out.append(json.loads(fh.readline()))
+    return out
+
+
+def iter_records(path: str | Path) -> Iterator[dict]:
+    with open(path) as fh:
+        for line in fh:
+            if line.strip():
+                yield json.loads(line)
+
+
+# ------------------------------------------------------------------------------------------------------ shard I/O
+
+def write_shard(path: str | Path, result: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Write one shard atomically (temp file + rename)."""
+    from safetensors.torch import save
+
+    n_bins = result["n_bins"]
+    tensors = {k: result[k].contiguous() for k in SHARD_TENSORS if k != "bin_offsets"}
+    tensors["bin_offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), n_bins.long().cumsum(0)])
+    tensors["n_tokens"] = tensors["n_tokens"].long()
+    md = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
+    md["format"] = FORMAT
+    blob = save(tensors, metadata=md)
+    with atomic_open(path, "wb") as fh:
+        fh.write(blob)
+
+
+def shard_header(path: str | Path) -> dict[str, Any]:
+    """Parse a shard's header and check the file is complete; SiftError naming the file otherwise."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ValueError("shorter than a header")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                raise ValueError("header longer than the file")
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError) as e:
+        raise SiftError(f"{path}: truncated or corrupt shard ({e}); delete it and rerun sift-extract") from None
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if size != 8 + n + end:
+        raise SiftError(f"{path}: truncated or corrupt shard ({size} bytes, header promises {8 + n + end}); "
+                        f"delete it and rerun sift-extract")
+    meta = header.get("__metadata__", {})
+    if meta.get("format") != FORMAT:
+        raise SiftError(f"{path}: not a sift trajectory shard (format {meta.get('format')!r}, expected {FORMAT})")
+    return header
+
+
+def shard_ok(path: str | Path, key: str) -> bool:
+    """True when ``path`` is a complete shard of cache ``key`` (used to skip finished work on resume)."""
+    try:
+        return Path(path).exists() and shard_header(path)["__metadata__"].get("key") == key
+    except SiftError:
+        return False
+
+
+def read_shard(path: str | Path, expect: dict[str, int] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Load and validate a shard; ``expect`` (num_layers, hidden_size, …) is what the manifest records."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    header = shard_header(path)
+    try:
+        t = load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types
+        raise SiftError(f"{path}: unreadable shard ({type(e).__name__}: {e})") from None
+    meta = {k: (json.loads(v) if k in ("trace_ids", "channels", "profile_names", "num_layers", "hidden_size",
+                                       "vocab_size", "shard") else v)
+            for k, v in header["__metadata__"].items()}
+    missing = [k for k in SHARD_TENSORS if k not in t]
+    if missing:
+        raise SiftError(f"{path}: shard lacks tensors {missing}")
+    n = len(meta["trace_ids"])
+    d = meta["hidden_size"]
+    problems = []
+    if t["bin_offsets"].shape != (n + 1,) or int(t["bin_offsets"][-1]) != t["desc"].shape[0]:
+        problems.append(f"bin_offsets {tuple(t['bin_offsets'].shape)} does not delimit desc {tuple(t['desc'].shape)}")
+    if t["desc"].shape[1:] != (len(meta["channels"]),):
+        problems.append(f"desc has {tuple(t['desc'].shape)} but {len(meta['channels'])} channels are named")
+    if t["final"].shape != (t["desc"].shape[0], d) or t["pooled"].shape != (n, d):
+        problems.append(f"final {tuple(t['final'].shape)} / pooled {tuple(t['pooled'].shape)} do not match hidden size {d}")
+    if problems:
+        raise SiftError(f"{path}: inconsistent shard: {problems[0]}")
+    if expect:
+        for k, v in expect.items():
+            if k in meta and meta[k] != v:
+                raise SiftError(f"{path}: shard records {k}={meta[k]} but the trajectory manifest records {v}; "
+                                f"the shard belongs to another model")
+    for k in ("desc", "final", "pooled", "scalars", "profile"):
+        if not torch.isfinite(t[k].float()).all():
+            raise SiftError(f"{path}: non-finite values in tensor {k!r}")
+    return t, meta
+
+
+def write_manifest(out_dir: str | Path, manifest: dict) -> None:
+    from sift.atomic import write_json
+
+    write_json(Path(out_dir) / MANIFEST, manifest)
+
+
+def read_manifest(traj_dir: str | Path) -> dict:
+    p = Path(traj_dir) / MANIFEST
+    if not p.exists():
+        raise SiftError(f"{p}: no such file; run sift-extract on the corpus first (or the extraction did not finish)")
+    try:
+        m = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise SiftError(f"{p}: not valid JSON ({e.msg})") from None
+    if m.get("format") != FORMAT:
+        raise SiftError(f"{p}: format {m.get('format')!r}, expected {FORMAT}")
+    return m

@@ -1,0 +1,247 @@
+"""Extraction as a Lightning ``Trainer.predict`` loop, so it shards over GPUs and nodes with DDP unchanged.
+
+* :class:`ShardDataModule` plans one predict "batch" per cache shard (all shards of all models, in a fixed
+  order) and hands rank r the shards r, r+W, r+2W … (``use_distributed_sampler=False``). Each rank checks its
+  own shards and skips the complete ones, so the plan is identical on every rank and a rerun resumes.
+* :class:`ExtractionModule` wraps the HF model(s); ``predict_step`` reads the shard's traces from the JSONL
+  (by byte offset: memory stays flat as the corpus grows) and returns the shard's descriptors.
+* :class:`ShardWriter` (a ``BasePredictionWriter``) writes each shard atomically as it is produced.
+
+:func:`extract_corpus` runs it all and writes ``trajectories.json`` once every shard exists.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import BasePredictionWriter
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from sift import __version__
+from sift.errors import SiftError
+from sift.trajectories import cache as C
+from sift.trajectories.extract import SCALAR_NAMES, ExtractConfig, Extractor, model_dims
+from sift.trajectories.interventions import profile_names
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    model: str
+    index: int
+    offsets: tuple[int, ...]
+    path: str
+    key: str
+
+
+class ShardDataset(Dataset):
+    """Item i = the records of shard task i (or a skip marker when the shard is already complete)."""
+
+    def __init__(self, corpus: str | Path, tasks: list[ShardTask]):
+        self.corpus, self.tasks = str(corpus), tasks
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        task = self.tasks[i]
+        if C.shard_ok(task.path, task.key):
+            return {"task": task, "records": None}
+        return {"task": task, "records": C.read_records(self.corpus, task.offsets)}
+
+
+class RankSampler(Sampler[int]):
+    """Round-robin split of shard tasks over ranks (no padding, no duplicates)."""
+
+    def __init__(self, n: int, rank: int = 0, world: int = 1):
+        self.n, self.rank, self.world = n, rank, world
+
+    def __iter__(self):
+        return iter(range(self.rank, self.n, self.world))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.n, self.world))
+
+
+def _first(batch):
+    return batch
+
+
+class ShardDataModule(pl.LightningDataModule):
+    def __init__(self, corpus: str | Path, tasks: list[ShardTask]):
+        super().__init__()
+        self.dataset = ShardDataset(corpus, tasks)
+
+    def transfer_batch_to_device(self, batch, device, dataloader_idx):
+        return batch  # records are plain lists; the extractor builds its tensors on the model's device
+
+    def predict_dataloader(self) -> DataLoader:
+        rank = self.trainer.global_rank if self.trainer else 0
+        world = self.trainer.world_size if self.trainer else 1
+        return DataLoader(self.dataset, batch_size=None, sampler=RankSampler(len(self.dataset), rank, world),
+                          collate_fn=_first, num_workers=0)
+
+
+class ExtractionModule(pl.LightningModule):
+    """Wraps one HF causal LM per corpus model; ``predict_step`` returns one shard's descriptors."""
+
+    def __init__(self, models: dict[str, torch.nn.Module], tokenizers: dict[str, Any], cfg: ExtractConfig,
+                 names: dict[str, str] | None = None):
+        super().__init__()
+        self.slots = {m: f"m{i}" for i, m in enumerate(models)}
+        self.models = torch.nn.ModuleDict({self.slots[m]: mod.eval() for m, mod in models.items()})
+        self.cfg = cfg
+        self.extractors = {m: Extractor(self.models[self.slots[m]], cfg, tokenizer=tokenizers.get(m),
+                                        name=(names or {}).get(m, m)) for m in models}
+        self.computed: list[tuple[str, int]] = []  # shards this process computed (for tests and logs)
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int = 0) -> dict[str, Any]:
+        task: ShardTask = batch["task"]
+        if batch["records"] is None:
+            return {"task": task, "skipped": True}
+        self.computed.append((task.model, task.index))
+        records = batch["records"]
+        out = self.extractors[task.model].extract_many(records)
+        out["trace_ids"] = [str(r.get("trace_id", f"{task.model}:{task.index}:{i}")) for i, r in enumerate(records)]
+        out["task"] = task
+        return out
+
+
+class ShardWriter(BasePredictionWriter):
+    """Writes every predicted shard to its cache file as soon as it is produced."""
+
+    def __init__(self, meta: dict[str, dict[str, Any]]):
+        super().__init__(write_interval="batch")
+        self.meta = meta
+        self.written: list[str] = []
+
+    def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
+        if prediction.get("skipped"):
+            return
+        task: ShardTask = prediction["task"]
+        meta = {**self.meta[task.model], "shard": task.index, "trace_ids": prediction["trace_ids"], "key": task.key}
+        C.write_shard(task.path, prediction, meta)
+        self.written.append(task.path)
+
+
+# --------------------------------------------------------------------------------------------------- orchestration
+
+def _load(path: str, dtype: str | None):
+    from sift.lm.loading import load_causal_lm
+
+    return load_causal_lm(path, dtype=dtype)
+
+
+def plan_shards(index: C.CorpusIndex, out_dir: Path, keys: dict[str, str], shard_size: int) -> list[ShardTask]:
+    tasks = []
+    for m in sorted(index.offsets):
+        offs = index.offsets[m]
+        for k, s in enumerate(range(0, len(offs), shard_size)):
+            tasks.append(ShardTask(m, k, tuple(offs[s:s + shard_size]), str(C.shard_path(out_dir, m, k, keys[m])), keys[m]))
+    return tasks
+
+
+def _check_corpus_vs_model(corpus_dir: Path, index: C.CorpusIndex, m: str, path: str, dims: dict, tok) -> None:
+    traces = corpus_dir / "traces.jsonl"
+    if index.max_token[m] >= dims["vocab_size"]:
+        raise SiftError(f"{traces}: traces of {m!r} use token id {index.max_token[m]} but model {path} has a vocabulary "
+                        f"of {dims['vocab_size']}; the corpus was generated by another model")
+    if tok is not None and len(tok) > dims["vocab_size"]:
+        raise SiftError(f"{path}: tokenizer has {len(tok)} tokens but the model's embedding has {dims['vocab_size']}")
+    mf = corpus_dir / "manifest.json"
+    if mf.exists():
+        import json
+
+        try:
+            rec = (json.loads(mf.read_text()).get("models") or {}).get(m) or {}
+        except json.JSONDecodeError:
+            rec = {}
+        for k in ("vocab_size", "hidden_size", "num_layers"):
+            if k in rec and rec[k] != dims[k]:
+                raise SiftError(f"{mf}: corpus records {k}={rec[k]} for {m!r} but model {path} has {dims[k]}; "
+                                f"the model does not match the corpus")
+
+
+def _check_cache_vs_model(out_dir: Path, m: str, path: str, dims: dict) -> None:
+    mp = out_dir / C.MANIFEST
+    if not mp.exists():
+        return
+    old = C.read_manifest(out_dir).get("models", {}).get(m)
+    if not old:
+        return
+    for k in ("vocab_size", "hidden_size", "num_layers"):
+        if old.get(k) != dims[k]:
+            raise SiftError(f"{mp}: cache records {k}={old.get(k)} for {m!r} but model {path} has {dims[k]}; the model "
+                            f"does not match this trajectory folder (use another output_dir or overwrite=true)")
+
+
+def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str, str], cfg: ExtractConfig, *,
+                   model_field: str = "family", families: list[str] | None = None, dtype: str | None = None,
+                   trainer_kwargs: dict[str, Any] | None = None, overwrite: bool = False, progress: bool = False,
+                   callbacks: list | None = None, loaded: dict[str, tuple[Any, Any]] | None = None) -> dict | None:
+    """Extract every trace of ``corpus_dir`` into ``out_dir``; returns the manifest (None on ranks ≠ 0).
+
+    ``models`` maps a value of ``record[model_field]`` to an HF model folder, .gguf file or cached hub name.
+    ``loaded`` may give already loaded ``(model, tokenizer)`` pairs (tests, benchmarks).
+    """
+    cfg.validate()
+    corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
+    t0 = time.time()
+    index = C.index_corpus(corpus_dir / "traces.jsonl", model_field)
+    wanted = sorted(index.offsets) if families is None else list(families)
+    missing = [m for m in wanted if m not in models]
+    if missing:
+        raise SiftError(f"{corpus_dir / 'traces.jsonl'}: traces of {missing} but `models` has no entry for them "
+                        f"(models: {', '.join(models) or 'none'})")
+    index.offsets = {m: index.offsets[m] for m in wanted if m in index.offsets}
+    corpus_sha = C.file_sha256(corpus_dir / "traces.jsonl", limit=None)
+    mods, toks, keys, meta, info = {}, {}, {}, {}, {}
+    for m in index.offsets:
+        model, tok = (loaded or {}).get(m) or _load(models[m], dtype)
+        dims = model_dims(model)
+        _check_corpus_vs_model(corpus_dir, index, m, models[m], dims, tok)
+        if not overwrite:
+            _check_cache_vs_model(out_dir, m, models[m], dims)
+        fp = C.model_fingerprint(models[m])
+        keys[m] = C.cache_key(corpus_sha, fp, m, cfg.key_fields())
+        mods[m], toks[m] = model, tok
+        ex_channels = Extractor(model, cfg, tokenizer=tok).channels
+        meta[m] = {"model": m, "channels": ex_channels, "profile_names": profile_names(cfg.interventions), **dims}
+        info[m] = {"path": str(models[m]), "fingerprint": fp, "key": keys[m], **dims, "channels": ex_channels,
+                   "scalar_names": SCALAR_NAMES, "profile_names": profile_names(cfg.interventions),
+                   "n_traces": len(index.offsets[m])}
+    tasks = plan_shards(index, out_dir, keys, cfg.shard_size)
+    module = ExtractionModule(mods, toks, cfg, names=models)
+    writer = ShardWriter(meta)
+    kw = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_model_summary=False,
+              enable_progress_bar=progress, use_distributed_sampler=False, inference_mode=True)
+    kw.update(trainer_kwargs or {})
+    trainer = pl.Trainer(callbacks=[writer, *(callbacks or [])], **kw)
+    warnings.filterwarnings("ignore", message=".*infer the batch indices.*")
+    trainer.predict(module, datamodule=ShardDataModule(corpus_dir / "traces.jsonl", tasks), return_predictions=False)
+    trainer.strategy.barrier()
+    extract_corpus.last_run = {"computed": list(module.computed), "written": list(writer.written)}  # type: ignore[attr-defined]
+    if not trainer.is_global_zero:
+        return None
+    bad = [t.path for t in tasks if not C.shard_ok(t.path, t.key)]
+    if bad:
+        raise SiftError(f"{bad[0]}: shard missing or incomplete after extraction ({len(bad)} of {len(tasks)}); rerun to resume")
+    for m in info:
+        info[m]["shards"] = [str(Path(t.path).relative_to(out_dir)) for t in tasks if t.model == m]
+    from sift.provenance import provenance
+
+    manifest = {
+        "format": C.FORMAT, "sift_version": __version__,
+        "corpus": {"dir": str(corpus_dir.resolve()), "traces": index.n, "sha256": corpus_sha},
+        "model_field": model_field, "config": asdict(cfg), "models": info,
+        "seconds": round(time.time() - t0, 2),
+        "shards": {"total": len(tasks), "computed_by_rank0": len(module.computed)},
+        "provenance": provenance(cfg.key_fields(), model_ids={m: models[m] for m in info}),
+    }
+    C.write_manifest(out_dir, manifest)
+    return manifest

@@ -1,0 +1,182 @@
+"""TrajectoryDataModule: grouped splits, environment-balanced training steps, pairs, transfer, features, errors."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from datamodules.batch import TraceBatch
+from datamodules.trajectory_datamodule import TrajectoryDataModule
+from sift.errors import SiftError
+from sift.trajectories.extract import ExtractConfig
+from sift.trajectories.predict import extract_corpus
+from sift.trajectories.toy import save_toy_models, write_toy_corpus
+
+
+@pytest.fixture(scope="module")
+def traj(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dm")
+    corpus = write_toy_corpus(root / "corpus", n_items=12)
+    models = save_toy_models(root / "models")
+    extract_corpus(corpus, root / "traj", models, ExtractConfig(shard_size=64, batch_size=32, t_max=12))
+    return root
+
+
+@pytest.fixture(scope="module")
+def dm(traj):
+    d = TrajectoryDataModule(traj / "traj", batch_size=4, seed=3)
+    d.setup()
+    return d
+
+
+def _items(ds):
+    return {e.base_item for e in ds.examples}
+
+
+def test_splits_are_grouped_by_item_and_deterministic(dm, traj):
+    tr, va, te = (_items(dm.dataset(s)) for s in ("train", "val", "test"))
+    assert not (tr & va or tr & te or va & te)
+    n = len(tr | va | te)
+    assert abs(len(tr) - 0.6 * n) <= 1 and abs(len(te) - 0.25 * n) <= 1
+    again = TrajectoryDataModule(traj / "traj", seed=3)
+    again.setup()
+    assert [e.trace_id for e in again.dataset("test").examples] == [e.trace_id for e in dm.dataset("test").examples]
+    other = TrajectoryDataModule(traj / "traj", seed=4)
+    other.setup()
+    assert _items(other.dataset("train")) != tr
+    assert dm.summary["ambiguous"] > 0  # φ* = None traces are not examples
+
+
+def test_training_loader_yields_one_batch_per_environment(dm):
+    loader = dm.train_dataloader()
+    steps = list(loader)
+    n_train, n_env = len(dm.dataset("train")), len(dm.train_env_ids)
+    assert len(steps) == len(loader) == -(-n_train // (n_env * 4))
+    for step in steps:
+        assert isinstance(step, list) and len(step) == n_env
+        for env, b in zip(dm.train_env_ids, step):
+            assert isinstance(b, TraceBatch) and len(b) == 4
+            assert torch.all(b.env == env)
+            assert b.x.shape[2] == dm.n_channels and b.mask[:, 0].all()
+            assert b.features.shape == (4, len(dm.feature_names)) and b.pooled.shape == (4, dm.pooled_dim)
+    second = [[b.trace_id for b in s] for s in loader]  # next epoch (no trainer: counts passes): reshuffled
+    assert second != [[b.trace_id for b in s] for s in steps]
+    assert [dm.env_names[e] for e in dm.train_env_ids][0] == "base"
+
+
+def test_training_loader_under_lightning(dm):
+    import pytorch_lightning as pl
+
+    seen = []
+
+    class Probe(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(dm.n_channels, 1)
+
+        def training_step(self, batches, i):
+            seen.append((self.current_epoch, [b.trace_id[0] for b in batches]))
+            return sum(self.w(b.x).mean() for b in batches)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    pl.Trainer(max_epochs=2, limit_train_batches=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, accelerator="cpu").fit(Probe(), datamodule=dm)
+    assert [e for e, _ in seen] == [0, 0, 1, 1] and seen[0][1] != seen[2][1]
+
+
+def test_eval_loaders_are_ordered_and_pairs_index_them(dm, traj):
+    for split in ("val", "test"):
+        loader = dm.val_dataloader() if split == "val" else dm.test_dataloader()
+        ids = [t for b in loader for t in b.trace_id]
+        ds = dm.dataset(split)
+        assert ids == [e.trace_id for e in ds.examples]
+        pairs = dm.pairs(split)
+        assert pairs and {p.kind for p in pairs} <= {"preserving", "altering"}
+        raw = {(p["source"], p["shifted"]): p for p in map(json.loads, (traj / "corpus" / "pairs.jsonl").open())}
+        for p in pairs:
+            a, b = ds[p.source], ds[p.shifted]
+            assert raw[(a.trace_id, b.trace_id)]["verified"] and (a.label, b.label) == (p.phi_source, p.phi_shifted)
+        pb = next(dm.pair_dataloader(split, kind="preserving"))
+        assert torch.equal(pb.source.label, pb.shifted.label) and len(pb.pairs) == len(pb.source)
+
+
+def test_channels_features_and_ablation(dm, traj):
+    assert dm.channel_names == ["velocity/l1", "velocity/l2", "drift/l1", "drift/l2", "drift/l3", "early_commitment",
+                                "attention_stability"]
+    g = dm.feature_groups
+    assert [dm.feature_names[i] for i in g["cue"]][0] == "cue/present"
+    assert len(g["counterfactual"]) == 9 and "int/early_commitment" in [dm.feature_names[i] for i in g["internal"]]
+    ex = dm.dataset("train").examples[0]
+    ec = ex.features[dm.feature_names.index("int/early_commitment")]
+    third = -(-int(ex.features[dm.feature_names.index("beh/cot_tokens")]) // 3)
+    assert ec == pytest.approx(float(ex.x[:third, 5].max()), abs=1e-6)  # unbinned trace: EC from the e_t channel
+    no_ec = TrajectoryDataModule(traj / "traj", seed=3, drop_channels=["early_commitment", "velocity/"])
+    no_ec.setup()
+    assert no_ec.channel_names == ["drift/l1", "drift/l2", "drift/l3", "attention_stability"]
+    assert no_ec.dataset("train").examples[0].x.shape[1] == 4
+
+
+def test_probe_is_fit_on_train_items_only(traj, monkeypatch):
+    from sift.trajectories import probe as P
+
+    fitted = []
+    real = P.AnswerProbe.fit
+
+    def spy(self, X, y):
+        fitted.append(len(y))
+        return real(self, X, y)
+
+    monkeypatch.setattr(P.AnswerProbe, "fit", spy)
+    d = TrajectoryDataModule(traj / "traj", seed=3, probe_max_samples=10**9)
+    d.setup()
+    train_items = d.split_items["train"]
+    from sift.trajectories import cache as C
+
+    # one probe per source model; each train-item trace contributes all of its (binned) steps, no other trace does
+
+    man = C.read_manifest(traj / "traj")
+    steps = {}
+    for m, info in man["models"].items():
+        n = 0
+        for s in info["shards"]:
+            t, meta = C.read_shard(traj / "traj" / s)
+            for i, tid in enumerate(meta["trace_ids"]):
+                tr = d.traces[tid]
+                if tr.base_item in train_items and tr.answer is not None:
+                    n += int(t["bin_offsets"][i + 1] - t["bin_offsets"][i])
+        steps[m] = n
+    assert sorted(fitted) == sorted(steps.values())
+
+
+def test_holdout_domain_and_model(traj):
+    d = TrajectoryDataModule(traj / "traj", holdout_domain="boolean")
+    d.setup()
+    assert {d.domain_names[e.domain] for e in d.dataset("transfer").examples} == {"boolean"}
+    for s in ("train", "val", "test"):
+        assert "boolean" not in {d.domain_names[e.domain] for e in d.dataset(s).examples}
+    m = TrajectoryDataModule(traj / "traj", holdout_model="llama")
+    m.setup()
+    assert {m.model_names[e.model] for e in m.dataset("transfer").examples} == {"llama"}
+    assert {m.model_names[e.model] for e in m.dataset("train").examples} == {"gpt2"}
+    assert _items(m.dataset("transfer")) <= m.split_items["test"]
+    assert all(p.kind in ("preserving", "altering") for p in m.pairs("transfer"))
+
+
+def test_clear_errors(traj, tmp_path):
+    work = tmp_path / "traj"
+    shutil.copytree(traj / "traj", work)
+    shard = sorted(work.glob("shards/llama/*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(SiftError, match=f"{shard}: truncated or corrupt shard"):
+        TrajectoryDataModule(work).setup()
+    corpus = tmp_path / "corpus"
+    shutil.copytree(traj / "corpus", corpus)
+    with open(corpus / "traces.jsonl", "a") as fh:
+        fh.write("\n")
+    with pytest.raises(SiftError, match="traces.jsonl: changed since"):
+        TrajectoryDataModule(traj / "traj", corpus_dir=corpus).setup()
+    with pytest.raises(SiftError, match="holdout_domain 'poetry'"):
+        TrajectoryDataModule(traj / "traj", holdout_domain="poetry").setup()

@@ -1,0 +1,139 @@
+"""SIFT network: padding never leaks; every ablation switch removes its component."""
+
+import pytest
+import torch
+from torch import nn
+
+from datamodules.batch import TraceBatch
+from sift.detectors import SIFTDetector, SIFTNet
+from sift.detectors.features import ATTENTION_STABILITY, EARLY_COMMITMENT, organism_channel_names
+from sift.detectors.module import n_parameters
+
+CH = organism_channel_names(4)  # 9 channels
+DATA = dict(channel_names=CH, feature_names=["cue/a"], pooled_dim=4, n_envs=3, n_domains=2)
+
+
+def _inputs(B=4, T=12, C=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, T, C, generator=g)
+    lengths = torch.tensor([12, 9, 5, 1])[:B]
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    return x, mask
+
+
+def _pad(x, mask, extra, fill):
+    B, T, C = x.shape
+    xp = torch.cat([x, torch.full((B, extra, C), fill)], 1)
+    xp[:, :T][~mask] = fill  # garbage in the existing padding too
+    mp = torch.cat([mask, torch.zeros(B, extra, dtype=torch.bool)], 1)
+    return xp, mp
+
+
+def test_padding_does_not_change_eval_outputs():
+    torch.manual_seed(0)
+    net = SIFTNet(9).eval()  # paper size: TCN [3,5,7,11]×64, 4 layers, 8 heads, d=128
+    x, mask = _inputs()
+    with torch.no_grad():
+        ref, zref = net(x, mask)
+        for extra, fill in [(7, 0.0), (20, 123.0), (3, float("1e4"))]:
+            out, z = net(*_pad(x, mask, extra, fill))
+            torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(z, zref, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_does_not_leak_into_training_batchnorm_statistics():
+    torch.manual_seed(0)
+    net = SIFTNet(9, dropout=0.0).train()
+    x, mask = _inputs()
+    ref, _ = net(x, mask)
+    mean_ref = [bn.running_mean.clone() for bn in net.tcn.norms]
+    torch.manual_seed(0)
+    net2 = SIFTNet(9, dropout=0.0).train()
+    out, _ = net2(*_pad(x, mask, 9, 50.0))
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    for a, bn in zip(mean_ref, net2.tcn.norms):
+        torch.testing.assert_close(bn.running_mean, a)
+
+
+def test_paper_architecture_shapes():
+    m = SIFTDetector(**DATA)
+    net = m.net
+    assert [c.kernel_size[0] for c in net.tcn.convs] == [3, 5, 7, 11]
+    assert all(c.out_channels == 64 and c.in_channels == 9 for c in net.tcn.convs)
+    assert all(isinstance(n, nn.BatchNorm1d) for n in net.tcn.norms)
+    assert len(net.encoder.layers) == 4
+    layer = net.encoder.layers[0]
+    assert layer.self_attn.num_heads == 8 and layer.self_attn.embed_dim == 128 and layer.dropout.p == 0.1
+    assert net.head[0].out_features == 128
+    x, mask = _inputs()
+    logits, z = m.encode(TraceBatch(x=x, mask=mask, label=torch.zeros(4), env=torch.zeros(4, dtype=torch.long),
+                                    domain=torch.zeros(4, dtype=torch.long), model=torch.zeros(4, dtype=torch.long),
+                                    pooled=torch.zeros(4, 4), features=torch.zeros(4, 1)))
+    assert logits.shape == (4,) and z.shape == (4, 128)
+
+
+def _count(m, kind):
+    return sum(isinstance(x, kind) for x in m.modules())
+
+
+def test_ablation_switches_remove_components():
+    full = SIFTDetector(**DATA)
+    n_full = n_parameters(full)
+
+    no_tcn = SIFTDetector(**DATA, use_tcn=False)
+    assert no_tcn.net.tcn is None and _count(no_tcn, nn.Conv1d) == 0 and _count(full, nn.Conv1d) == 4
+    tcn_params = n_parameters(full.net.tcn) + n_parameters(full.net.proj) - n_parameters(no_tcn.net.proj)
+    assert n_full - n_parameters(no_tcn) == tcn_params > 0
+
+    no_tr = SIFTDetector(**DATA, use_transformer=False)
+    assert no_tr.net.encoder is None and _count(no_tr, nn.TransformerEncoderLayer) == 0
+    assert n_full - n_parameters(no_tr) == n_parameters(full.net.encoder) > 0
+
+    no_dann = SIFTDetector(**DATA, use_dann=False)
+    assert no_dann.domain_classifier is None
+    assert n_full - n_parameters(no_dann) == n_parameters(full.domain_classifier) > 0
+    assert full.domain_classifier.net[-1].out_features == 3  # env ids
+    assert SIFTDetector(**DATA, dann_domain="domain").domain_classifier.net[-1].out_features == 2
+
+    no_as = SIFTDetector(**DATA, use_attention_stability=False)
+    assert no_as.in_channels == 8 and ATTENTION_STABILITY not in no_as.kept_channels
+    assert all(c.in_channels == 8 for c in no_as.net.tcn.convs)
+    no_ec = SIFTDetector(**DATA, use_early_commitment=False)
+    assert no_ec.in_channels == 8 and EARLY_COMMITMENT not in no_ec.kept_channels
+    both = SIFTDetector(**DATA, use_attention_stability=False, use_early_commitment=False, use_tcn=False)
+    assert both.net.proj.in_features == 7
+    # the dropped channel really is not read: changing it does not change the output
+    x, mask = _inputs()
+    b = TraceBatch(x=x, mask=mask, label=torch.zeros(4), env=torch.zeros(4, dtype=torch.long),
+                   domain=torch.zeros(4, dtype=torch.long), model=torch.zeros(4, dtype=torch.long),
+                   pooled=torch.zeros(4, 4), features=torch.zeros(4, 1))
+    no_as.eval()
+    ref = no_as(b)
+    b.x[..., CH.index(ATTENTION_STABILITY)] += 100.0
+    torch.testing.assert_close(no_as(b), ref)
+
+
+def test_no_irm_switch_skips_the_penalty(monkeypatch):
+    import sift.detectors.module as mod
+
+    calls = []
+    monkeypatch.setattr(mod, "irm_penalty", lambda l, y: calls.append(1) or l.sum() * 0)
+    x, mask = _inputs()
+    b = TraceBatch(x=x, mask=mask, label=torch.tensor([0.0, 1, 0, 1]), env=torch.tensor([0, 0, 1, 1]),
+                   domain=torch.zeros(4, dtype=torch.long), model=torch.zeros(4, dtype=torch.long),
+                   pooled=torch.zeros(4, 4), features=torch.zeros(4, 1))
+    for use_irm, expected in [(False, 0), (True, 2)]:
+        calls.clear()
+        m = SIFTDetector(**DATA, use_irm=use_irm, d_model=16, filters=4, n_layers=1, n_heads=2)
+        m.log = lambda *a, **k: None
+        m.training_step(b, 0)  # one mixed batch is split by env: two environments
+        assert len(calls) == expected
+
+
+def test_unknown_channel_or_domain_kind_is_a_clear_error():
+    from sift.errors import SiftError
+
+    with pytest.raises(SiftError, match="attention_stability"):
+        SIFTDetector(**{**DATA, "channel_names": CH[:-1]}, use_attention_stability=False)
+    with pytest.raises(SiftError, match="dann_domain"):
+        SIFTDetector(**DATA, dann_domain="task")

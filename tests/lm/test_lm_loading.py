@@ -1,0 +1,68 @@
+"""load_causal_lm: local folders, a tiny writer-made GGUF, and fast clear failures (never a download)."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from sift.errors import SiftError
+from sift.lm.loading import load_causal_lm
+
+from tinylm import make_model, make_tokenizer, write_tiny_llama_gguf
+
+
+def test_local_folder(tiny_dirs):
+    model, tok = load_causal_lm(str(tiny_dirs["gpt2"]))
+    assert model.config.n_layer == 2 and tok.pad_token_id is not None and not model.training
+
+
+def test_tiny_gguf_loads_with_the_same_logits_and_tokenizer(tmp_path):
+    pytest.importorskip("accelerate")  # transformers loads GGUF files only with accelerate installed
+    tok = make_tokenizer(chat=True)
+    model = make_model("llama", tok, seed=1)
+    path = tmp_path / "tiny-llama.F32.gguf"
+    write_tiny_llama_gguf(path, model, tok)
+    m2, t2 = load_causal_lm(str(path))
+    assert type(m2).__name__ == "LlamaForCausalLM"
+    text = "Step 1: 3 + 4 = 7\nAnswer: 7"
+    assert t2(text, add_special_tokens=False)["input_ids"] == tok(text)["input_ids"]
+    assert t2.chat_template == tok.chat_template and t2.eos_token == "<|endoftext|>"
+    ids = torch.tensor([tok(text)["input_ids"]])
+    with torch.no_grad():
+        np.testing.assert_allclose(m2(ids).logits.numpy(), model(ids).logits.numpy(), atol=1e-5)
+
+
+def test_non_gguf_file_with_gguf_name(tmp_path):
+    p = tmp_path / "model.gguf"
+    p.write_bytes(b"not a gguf at all")
+    with pytest.raises(SiftError, match="not a GGUF file"):
+        load_causal_lm(str(p))
+
+
+def test_truncated_gguf_gives_a_clear_error(tmp_path):
+    p = tmp_path / "broken.gguf"
+    p.write_bytes(b"GGUF\x03\x00\x00\x00garbage")
+    with pytest.raises(SiftError, match="could not load GGUF model"):
+        load_causal_lm(str(p))
+
+
+def test_missing_path():
+    with pytest.raises(SiftError, match="model path does not exist"):
+        load_causal_lm("/nonexistent/dir/model.gguf")
+    with pytest.raises(SiftError, match="model path does not exist"):
+        load_causal_lm("./no-such-model-folder")
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(SiftError, match="no config.json"):
+        load_causal_lm(str(tmp_path))
+
+
+def test_uncached_hub_name_fails_fast(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    t0 = time.time()
+    with pytest.raises(SiftError, match="neither a local path nor in the local Hugging Face cache"):
+        load_causal_lm("sift-tests/not-a-cached-model")
+    assert time.time() - t0 < 10

@@ -1,0 +1,151 @@
+"""The sharded, content-keyed, resumable trajectory cache written by the Lightning predict loop."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from sift.errors import SiftError
+from sift.trajectories import cache as C
+from sift.trajectories.extract import ExtractConfig, Extractor
+from sift.trajectories.predict import ShardWriter, extract_corpus
+from sift.trajectories.toy import save_toy_models, toy_model, toy_tokenizer, write_toy_corpus
+
+CFG = dict(shard_size=8, batch_size=8, t_max=16)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("extract")
+    corpus = write_toy_corpus(root / "corpus", n_items=4)
+    models = save_toy_models(root / "models")
+    out = root / "traj"
+    manifest = extract_corpus(corpus, out, models, ExtractConfig(**CFG))
+    return root, corpus, models, out, manifest
+
+
+def _shards(out):
+    return sorted(Path(out).glob("shards/*/*.safetensors"))
+
+
+def test_manifest_and_shards_match_direct_extraction(setup):
+    root, corpus, models, out, man = setup
+    records = list(C.iter_records(corpus / "traces.jsonl"))
+    assert set(man["models"]) == {"gpt2", "llama"}
+    assert man["corpus"]["traces"] == len(records)
+    assert sum(len(i["shards"]) for i in man["models"].values()) == len(_shards(out)) == man["shards"]["total"]
+    got = {}
+    for m, info in man["models"].items():
+        for s in info["shards"]:
+            t, meta = C.read_shard(out / s, {k: info[k] for k in ("num_layers", "hidden_size", "vocab_size")})
+            assert meta["key"] == info["key"] and meta["channels"] == info["channels"]
+            for i, tid in enumerate(meta["trace_ids"]):
+                a, b = t["bin_offsets"][i], t["bin_offsets"][i + 1]
+                got[tid] = (t["desc"][a:b], t["pooled"][i], t["profile"][i])
+    assert set(got) == {r["trace_id"] for r in records}
+    from sift.lm.loading import load_causal_lm
+
+    model, tok = load_causal_lm(models["llama"])
+    mine = [r for r in records if r["family"] == "llama"][:5]
+    direct = Extractor(model, ExtractConfig(**CFG), tokenizer=tok).extract_many(mine)
+    off = torch.cat([torch.zeros(1, dtype=torch.long), direct["n_bins"].cumsum(0)])
+    for i, r in enumerate(mine):
+        desc, pooled, prof = got[r["trace_id"]]
+        assert torch.allclose(desc, direct["desc"][off[i]:off[i + 1]], atol=1e-5)
+        assert torch.allclose(pooled, direct["pooled"][i], atol=1e-5)
+        assert torch.allclose(prof, direct["profile"][i], atol=1e-5)
+
+
+def test_rerun_recomputes_nothing(setup):
+    root, corpus, models, out, man = setup
+    stamps = {p: p.stat().st_mtime_ns for p in _shards(out)}
+    again = extract_corpus(corpus, out, models, ExtractConfig(**CFG))
+    assert extract_corpus.last_run["computed"] == [] and again["shards"]["computed_by_rank0"] == 0
+    assert {p: p.stat().st_mtime_ns for p in _shards(out)} == stamps
+    assert again["models"]["gpt2"]["key"] == man["models"]["gpt2"]["key"]
+
+
+def test_killed_extraction_resumes_without_recomputing_finished_shards(setup, monkeypatch):
+    root, corpus, models, _, man = setup
+    out = root / "killed"
+    real = ShardWriter.write_on_batch_end
+    state = {"n": 0}
+
+    def dying(self, *a, **k):
+        if state["n"] == 3:
+            raise RuntimeError("simulated kill")
+        real(self, *a, **k)
+        state["n"] += 1
+
+    monkeypatch.setattr(ShardWriter, "write_on_batch_end", dying)
+    with pytest.raises(RuntimeError, match="simulated kill"):
+        extract_corpus(corpus, out, models, ExtractConfig(**CFG))
+    done = _shards(out)
+    assert len(done) == 3 and not (out / C.MANIFEST).exists()
+    stamps = {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in done}
+    monkeypatch.setattr(ShardWriter, "write_on_batch_end", real)
+    m = extract_corpus(corpus, out, models, ExtractConfig(**CFG))
+    computed = {str(C.shard_path(out, f, k, m["models"][f]["key"])) for f, k in extract_corpus.last_run["computed"]}
+    assert not computed & {str(p) for p in done}
+    assert len(computed) == man["shards"]["total"] - 3
+    assert {p: (p.stat().st_ino, p.stat().st_mtime_ns) for p in done} == stamps
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_truncated_shard_is_named_and_recomputed(setup, tmp_path):
+    root, corpus, models, out, man = setup
+    work = tmp_path / "traj"
+    shutil.copytree(out, work)
+    victim = _shards(work)[1]
+    data = victim.read_bytes()
+    victim.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SiftError, match=f"{victim}: truncated or corrupt shard"):
+        C.read_shard(victim)
+    extract_corpus(corpus, work, models, ExtractConfig(**CFG))
+    assert len(extract_corpus.last_run["computed"]) == 1
+    C.read_shard(victim)
+
+
+def test_nan_in_shard_is_named(setup, tmp_path):
+    _, _, _, out, _ = setup
+    t, meta = C.read_shard(_shards(out)[0])
+    t["desc"][0, 0] = float("nan")
+    res = {**t, "n_bins": t["bin_offsets"].diff()}
+    bad = tmp_path / "bad.safetensors"
+    C.write_shard(bad, res, meta)
+    with pytest.raises(SiftError, match=f"{bad}: non-finite values in tensor 'desc'"):
+        C.read_shard(bad)
+
+
+def test_model_that_does_not_match_the_cache_or_corpus(setup, tmp_path):
+    root, corpus, models, out, _ = setup
+    wide = save_toy_models(tmp_path / "wide", families=("gpt2",), width=48)
+    with pytest.raises(SiftError, match=r"trajectories.json: cache records hidden_size=32 .* has 48"):
+        extract_corpus(corpus, out, {**models, **wide}, ExtractConfig(**CFG))
+    tok = toy_tokenizer()
+    from sift.organism.models import build_model
+
+    small = build_model("gpt2", 20, tok.pad_token_id, 1, 2, width=32, layers=2, heads=2).eval()
+    with pytest.raises(SiftError, match=r"traces.jsonl: traces of 'gpt2' use token id \d+ but model .* vocabulary of 20"):
+        extract_corpus(corpus, tmp_path / "o", models, ExtractConfig(**CFG), families=["gpt2"],
+                       loaded={"gpt2": (small, None)})
+    with pytest.raises(SiftError, match="models` has no entry"):
+        extract_corpus(corpus, tmp_path / "o", {"gpt2": models["gpt2"]}, ExtractConfig(**CFG))
+
+
+def test_cli_config_composes_and_runs(setup, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from sift.cli._common import CONFIG_DIR
+    from sift.cli.extract import run
+
+    root, corpus, models, out, man = setup
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("extract", overrides=[f"corpus_dir={corpus}", f"output_dir={out}", "progress=false",
+                                            f"models.gpt2={models['gpt2']}", f"models.llama={models['llama']}",
+                                            "extraction.shard_size=8", "extraction.batch_size=8", "extraction.t_max=16"])
+    m = run(cfg)
+    assert m["models"]["llama"]["key"] == man["models"]["llama"]["key"]  # same config ⇒ same cache
+    assert m["shards"]["computed_by_rank0"] == 0

@@ -1,0 +1,129 @@
+"""One forward pass: block outputs (pre-norm last block), captured attention, padding invariance, any HF LM."""
+
+import pytest
+import torch
+
+from sift.errors import SiftError
+from sift.trajectories.extract import ExtractConfig, Extractor, capture_attention, find_blocks, model_inputs, pack
+from sift.trajectories.toy import toy_model, toy_records, toy_tokenizer
+
+
+@pytest.fixture(scope="module")
+def records():
+    return [r for r in toy_records(4, families=("gpt2",))][:10]
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def model(request):
+    return toy_model(request.param)
+
+
+def _qwen2_gqa():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=len(toy_tokenizer()), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def _final_norm(m):
+    return m.transformer.ln_f if hasattr(m, "transformer") else m.model.norm
+
+
+@torch.no_grad()
+def test_last_block_is_pre_norm_and_hidden_states_are_block_outputs(model, records):
+    tok = toy_tokenizer()
+    p = pack([r["prompt_ids"] + r["generated_ids"] for r in records], tok.pad_token_id, "left")
+    outs = {}
+    hooks = [b.register_forward_hook(lambda m, i, o, k=k: outs.__setitem__(k, o[0] if isinstance(o, tuple) else o))
+             for k, b in enumerate(find_blocks(model))]
+    hs = model(**model_inputs(model, p, "cpu"), output_hidden_states=True).hidden_states
+    for h in hooks:
+        h.remove()
+    L = len(outs)
+    keep = p.mask.bool()
+    for k in range(L - 1):  # hidden_states[1:L] are the outputs of blocks 1..L-1
+        assert torch.allclose(hs[k + 1][keep], outs[k][keep], atol=1e-6)
+    assert not torch.allclose(hs[L][keep], outs[L - 1][keep], atol=1e-3)  # HF's last element is normed
+    assert torch.allclose(_final_norm(model)(outs[L - 1])[keep], hs[L][keep], atol=1e-5)
+    ex = Extractor(model, ExtractConfig(interventions=[]), tokenizer=tok)
+    r = records[0]
+    out = ex.extract([r])
+    c0, c1 = r["cot_span"]
+    P = len(r["prompt_ids"])
+    solo = pack([r["prompt_ids"] + r["generated_ids"]], tok.pad_token_id)
+    last = {}
+    h = find_blocks(model)[-1].register_forward_hook(lambda m, i, o: last.__setitem__("h", o[0] if isinstance(o, tuple) else o))
+    model(**model_inputs(model, solo, "cpu"))
+    h.remove()
+    want = last["h"][0, P + c0:P + c1].mean(0)
+    assert torch.allclose(out["pooled"][0], want, atol=1e-5)  # pooled = mean pre-norm block-L state over the CoT
+
+
+@torch.no_grad()
+def test_captured_attention_equals_eager_output_attentions(model, records):
+    tok = toy_tokenizer()
+    p = pack([r["prompt_ids"] + r["generated_ids"] for r in records], tok.pad_token_id, "left")
+    kw = model_inputs(model, p, "cpu")
+    L = len(find_blocks(model))
+    with capture_attention(model, [0, L - 1]) as cap:
+        model(**kw)
+    model.set_attn_implementation("eager")
+    try:
+        ref = model(**kw, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation("sdpa")
+    keep = p.mask.bool()
+    for layer in (0, L - 1):
+        assert torch.allclose(cap.weights[layer][keep], ref[layer].mean(1)[keep], atol=1e-6)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_equals_unpadded(model, records, side):
+    ex = Extractor(model, ExtractConfig(padding_side=side, t_max=8), tokenizer=toy_tokenizer())
+    batched = ex.extract_many(records)
+    single = [ex.extract_many([r]) for r in records]
+    for k in ("desc", "final", "pooled", "scalars", "answer_logp", "profile", "n_bins", "n_tokens"):
+        solo = torch.cat([s[k] for s in single])
+        assert batched[k].shape == solo.shape, k
+        assert torch.allclose(batched[k].float(), solo.float(), atol=2e-3 if k == "final" else 1e-5), k
+
+
+def test_interface_and_eager_fallback_agree(records):
+    m = toy_model("llama")
+    a = Extractor(m, ExtractConfig(interventions=[]), tokenizer=toy_tokenizer()).extract(records)
+    ex = Extractor(m, ExtractConfig(interventions=[]), tokenizer=toy_tokenizer())
+    ex.use_interface = False
+    b = ex.extract(records)
+    assert torch.allclose(a["desc"], b["desc"], atol=1e-5)
+
+
+def test_any_hf_causal_lm_with_grouped_query_attention(records):
+    m = _qwen2_gqa()
+    ex = Extractor(m, ExtractConfig(t_max=4), tokenizer=toy_tokenizer())
+    out = ex.extract_many(records)
+    assert ex.use_interface
+    assert ex.channels == ["velocity/l1", "drift/l1", "drift/l2", "attention_stability"]
+    assert out["desc"].shape == (int(out["n_bins"].sum()), 4) and int(out["n_bins"].max()) <= 4
+    p = pack([r["prompt_ids"] + r["generated_ids"] for r in records], 0, "left")
+    kw = model_inputs(m, p, "cpu")
+    with torch.no_grad(), capture_attention(m, [1]) as cap:
+        m(**kw)
+    m.set_attn_implementation("eager")
+    with torch.no_grad():
+        ref = m(**kw, output_attentions=True).attentions[1].mean(1)
+    keep = p.mask.bool()
+    assert torch.allclose(cap.weights[1][keep], ref[keep], atol=1e-6)
+
+
+def test_nan_states_and_foreign_tokens_are_clear_errors(records):
+    m = toy_model("gpt2")
+    ex = Extractor(m, ExtractConfig(), tokenizer=toy_tokenizer(), name="checkpoints/x")
+    bad = dict(records[0], generated_ids=records[0]["generated_ids"][:-1] + [10_000])
+    with pytest.raises(SiftError, match="vocabulary size .* checkpoints/x"):
+        ex.extract([bad])
+    with torch.no_grad():
+        find_blocks(m)[0].mlp.c_proj.weight.fill_(float("nan"))
+    with pytest.raises(SiftError, match=r"checkpoints/x: non-finite hidden states for trace gpt2\|"):
+        ex.extract(records[:2])
