@@ -22,9 +22,18 @@ def run(cfg: DictConfig) -> dict:
                           temperature=src.temperature, chunk_items=src.chunk_items, batch_size=src.batch_size)
         return build_corpus(cc, cfg.output_dir)
     if src.type == "hf":
-        from sift.lm.real_corpus import build_real_corpus_from_cfg
+        from sift.lm.real_corpus import RealCorpusConfig, build_real_corpus
 
-        return build_real_corpus_from_cfg(OmegaConf.to_container(cfg, resolve=True), cfg.output_dir)
+        s = OmegaConf.to_container(src, resolve=True)
+        rc = RealCorpusConfig(models=list(s["models"]), families=s["families"], source=s["items"], task=s["task"],
+                              path=s["path"], n_items=cfg.n_items, conditions=list(cfg.conditions),
+                              family_conditions=s["family_conditions"], seed=cfg.seed, p_cue=s["p_cue"],
+                              p_cue_correct=s["p_cue_correct"], do_sample=s["do_sample"],
+                              temperature=s["temperature"], top_p=s["top_p"], max_new_tokens=s["max_new_tokens"],
+                              answer_tokens=s["answer_tokens"], chunk_items=s["chunk_items"],
+                              batch_size=s["batch_size"], device=s["device"], dtype=s["dtype"],
+                              system_prompt=s["system_prompt"])
+        return build_real_corpus(rc, cfg.output_dir)
     raise SiftError(f"source.type must be 'organism' or 'hf', got {src.type!r}")
 
 

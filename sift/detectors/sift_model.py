@@ -101,7 +101,8 @@ class SIFTNet(nn.Module):
         mask = mask.bool()
         x = x * mask[..., None].to(x.dtype)
         h = self.tcn(x, mask) if self.tcn is not None else x
-        h = self.proj(h) + sinusoidal_positions(h.shape[1], h.shape[2], h.device, h.dtype)
+        h = self.proj(h)
+        h = h + sinusoidal_positions(h.shape[1], h.shape[2], h.device, h.dtype)
         if self.encoder is not None:
             h = self.encoder(h, src_key_padding_mask=~mask)
         z = self.pool(h, mask)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
-import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -366,6 +365,9 @@ class Extractor:
         desc_b, n_bins = D.bin_steps(desc, T_d, self.cfg.t_max)
         final_b, _ = D.bin_steps(H[:, -1], T_d, self.cfg.t_max)
         keep = torch.arange(desc_b.shape[1], device=dev)[None] < n_bins[:, None]
+        if self.state_dtype == torch.float16 and final_b.abs().max() > torch.finfo(torch.float16).max:
+            raise SiftError(f"{self.name}: final-layer states exceed the float16 range (max |h| = "
+                            f"{float(final_b.abs().max()):.3g}); set extraction.state_dtype=bfloat16 or float32")
         pooled = (H[:, -1] * valid_d[..., None]).sum(1) / T_d.clamp_min(1)[:, None].to(H.dtype)
 
         lp = torch.log_softmax(logits.float(), dim=-1)  # [B, U, V]

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import time
+from array import array
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,11 +31,11 @@ from sift.trajectories.extract import SCALAR_NAMES, ExtractConfig, Extractor, mo
 from sift.trajectories.interventions import profile_names
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ShardTask:
     model: str
     index: int
-    offsets: tuple[int, ...]
+    offsets: array  # byte offsets of the shard's lines in traces.jsonl
     path: str
     key: str
 
@@ -142,7 +143,7 @@ def plan_shards(index: C.CorpusIndex, out_dir: Path, keys: dict[str, str], shard
     for m in sorted(index.offsets):
         offs = index.offsets[m]
         for k, s in enumerate(range(0, len(offs), shard_size)):
-            tasks.append(ShardTask(m, k, tuple(offs[s:s + shard_size]), str(C.shard_path(out_dir, m, k, keys[m])), keys[m]))
+            tasks.append(ShardTask(m, k, offs[s:s + shard_size], str(C.shard_path(out_dir, m, k, keys[m])), keys[m]))
     return tasks
 
 
@@ -187,7 +188,8 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
     """Extract every trace of ``corpus_dir`` into ``out_dir``; returns the manifest (None on ranks ≠ 0).
 
     ``models`` maps a value of ``record[model_field]`` to an HF model folder, .gguf file or cached hub name.
-    ``loaded`` may give already loaded ``(model, tokenizer)`` pairs (tests, benchmarks).
+    ``loaded`` may give already loaded ``(model, tokenizer)`` pairs (tests, benchmarks). After a run,
+    ``extract_corpus.last_run`` lists the shards this process computed and wrote.
     """
     cfg.validate()
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)

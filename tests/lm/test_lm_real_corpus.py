@@ -254,3 +254,21 @@ def test_cli_on_a_local_commonsenseqa_file(tiny_dirs, tmp_path, capsys):
     assert all("(A) red" in r["prompt"] for r in traces)
     assert main(["--model", "/nonexistent/m.gguf", "--n", "1", "--out", str(tmp_path / "o2")]) == 2
     assert "model path does not exist" in capsys.readouterr().err
+
+
+def test_sift_corpus_hydra_source_hf(tiny_dirs, tmp_path):
+    """`sift-corpus source=hf` drives the same real-LM builder through Hydra."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "hf"
+    model = str(next(iter(tiny_dirs.values())))
+    r = subprocess.run([sys.executable, "-m", "sift.cli.corpus", "source=hf", f"source.models=[{model}]",
+                        "n_items=2", "source.max_new_tokens=8", "source.answer_tokens=2", f"output_dir={out}"],
+                       capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["traces"] == len((out / "traces.jsonl").read_text().splitlines()) > 0

@@ -1,6 +1,5 @@
 """The sharded, content-keyed, resumable trajectory cache written by the Lightning predict loop."""
 
-import os
 import shutil
 from pathlib import Path
 
@@ -11,7 +10,7 @@ from sift.errors import SiftError
 from sift.trajectories import cache as C
 from sift.trajectories.extract import ExtractConfig, Extractor
 from sift.trajectories.predict import ShardWriter, extract_corpus
-from sift.trajectories.toy import save_toy_models, toy_model, toy_tokenizer, write_toy_corpus
+from sift.trajectories.toy import save_toy_models, toy_tokenizer, write_toy_corpus
 
 CFG = dict(shard_size=8, batch_size=8, t_max=16)
 

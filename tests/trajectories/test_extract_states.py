@@ -127,3 +127,12 @@ def test_nan_states_and_foreign_tokens_are_clear_errors(records):
         find_blocks(m)[0].mlp.c_proj.weight.fill_(float("nan"))
     with pytest.raises(SiftError, match=r"checkpoints/x: non-finite hidden states for trace gpt2\|"):
         ex.extract(records[:2])
+
+
+def test_empty_cot_and_binning_in_a_batch(records):
+    ex = Extractor(toy_model("gpt2"), ExtractConfig(t_max=3), tokenizer=toy_tokenizer())
+    empty = dict(records[0], cot_span=[0, 0], trace_id="empty")
+    out = ex.extract_many([records[1], empty, records[2]])
+    assert out["n_bins"].tolist()[1] == 0 and out["n_tokens"].tolist()[1] == 0
+    assert out["n_bins"].tolist()[0] == 3 and out["desc"].shape[0] == 6
+    assert torch.all(out["pooled"][1] == 0) and torch.isfinite(out["scalars"]).all()
