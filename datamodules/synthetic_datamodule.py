@@ -10,19 +10,22 @@ preserving pairs. Channels follow the organism's names (``organism_channel_names
   bump sits at the wrong place (irreducible error of the invariant rule).
 * **Spurious, environment-dependent signal.** ``drift/l1`` is shifted by ±``spurious_scale``; the sign
   agrees with y with probability ``spurious_agree[e]`` in training environment e, and ``shift_agree`` in
-  the held-out shifted environment (id ``n_envs``; ``shift_dataloader``), where the correlation reverses.
+  the held-out shifted environment (id ``n_envs``; split ``transfer``), where the correlation reverses.
 * **Domain-predictive, label-free signal.** ``velocity/l1`` is offset by ``env_offset · e`` (what DANN should
   remove from the representation).
 * ``attention_stability`` level carries a weak label signal (for attribution-consistency); ``pooled`` and the
   prefixed ``feature_names`` give the baselines noisy signals of known strength.
 
-Splits 60/15/25 by base item. The training loader yields, per step, a list of TraceBatch (one per
-environment; ``train_mode="env_lists"``) or one mixed batch (``"mixed"``).
+Splits 60/15/25 by base item; val/test hold every environment's variant of an item (preserving pairs) and
+test also an altered variant with the label flipped (altering pairs); ``transfer`` holds the test items in the
+shifted environment. The API follows ``TrajectoryDataModule``: ``dataset(split)``, ``pairs(split, kind, axis)``,
+``pair_dataloader``, ``transfer_dataloader``, ``train_flat_dataloader``. The training loader yields, per step,
+a list of TraceBatch (one per environment; ``train_mode="env_lists"``) or one mixed batch (``"mixed"``).
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pytorch_lightning as pl
@@ -32,11 +35,22 @@ from torch.utils.data import DataLoader
 from datamodules.batch import PairIndex, TraceBatch, TraceExample, collate
 from sift.detectors.features import (ATTENTION_STABILITY, EARLY_COMMITMENT, organism_channel_names)
 
+SPLITS = ("train", "val", "test", "transfer")
+
+
+class PairBatch(NamedTuple):
+    """Same fields as ``datamodules.trajectory_datamodule.PairBatch``."""
+
+    source: TraceBatch
+    shifted: TraceBatch
+    pairs: list[PairIndex]
+
+
 FEATURE_NAMES = [
     "cue/present", "cue/mentioned", "cue/answer_matches_cue",
     "cf/edit_moves_answer", "cf/truncation_moves_answer", "cf/answer_logit_shift",
-    "behaviour/n_steps", "behaviour/answer_confidence",
-    "internal/ec_max_early", "internal/as_mean", "internal/velocity_mean",
+    "beh/n_steps", "beh/answer_confidence",
+    "int/ec_max_early", "int/as_mean", "int/velocity_mean",
 ]
 
 
@@ -77,8 +91,8 @@ class SyntheticDataModule(pl.LightningDataModule):
         self.env_names = [f"env{e}" for e in range(n_envs)]
         self.domain_names = [f"domain{d}" for d in range(n_domains)]
         self.model_names = ["model0"]
-        self.data: dict[str, list[TraceExample]] = {}
-        self.pairs: dict[str, list[PairIndex]] = {}
+        self.datasets: dict[str, list[TraceExample]] = {}
+        self._pairs: dict[str, list[PairIndex]] = {}
 
     # ------------------------------------------------------------------ generation
     def _render(self, rng: np.random.Generator, item: int, y: int, T: int, domain: int, env: int,
@@ -112,7 +126,7 @@ class SyntheticDataModule(pl.LightningDataModule):
                             trace_id=f"item{item}/env{env}", base_item=f"item{item}")
 
     def setup(self, stage: str | None = None) -> None:
-        if self.data:
+        if self.datasets:
             return
         h = self.hparams
         rng = np.random.default_rng(h.data_seed)
@@ -124,55 +138,74 @@ class SyntheticDataModule(pl.LightningDataModule):
         n_tr, n_va = int(h.splits[0] * h.n_items), int(h.splits[1] * h.n_items)
         split_of = {int(i): ("train" if k < n_tr else "val" if k < n_tr + n_va else "test")
                     for k, i in enumerate(items)}
-        self.data = {"train": [], "val": [], "test": [], "shift": [], "pairs": []}
-        self.pairs = {"test": []}
+        self.datasets = {s: [] for s in SPLITS}
+        self._pairs = {s: [] for s in SPLITS}
         for item in range(h.n_items):
             y = int(rng.random() < 0.5)
             T = int(rng.integers(h.t_min, h.t_max + 1))
             domain = int(rng.integers(h.n_domains))
             split = split_of[item]
-            variants = [self._render(rng, item, y, T, domain, e, h.spurious_agree[e], pooled_dir, env_dir)
-                        for e in range(h.n_envs)]
-            self.data[split].extend(variants)
-            if split == "test":
-                shifted = self._render(rng, item, y, T, domain, h.n_envs, h.shift_agree, pooled_dir, env_dir)
+            ds = self.datasets[split]
+            base = len(ds)
+            ds.extend(self._render(rng, item, y, T, domain, e, h.spurious_agree[e], pooled_dir, env_dir)
+                      for e in range(h.n_envs))
+            if split == "train":
+                continue
+            for j in range(1, h.n_envs):
+                self._pairs[split].append(PairIndex(f"env{j}", "preserving", base, base + j, y, y))
+            if split == "test":  # an altered variant (label flipped) and the held-out shifted environment
                 altered = self._render(rng, item, 1 - y, T, domain, 0, h.spurious_agree[0], pooled_dir, env_dir)
                 altered.trace_id = f"item{item}/altered"
-                self.data["shift"].append(shifted)
-                ps = self.data["pairs"]
-                base = len(ps)
-                ps.extend(variants + [shifted, altered])
-                for j in range(1, h.n_envs + 1):
-                    self.pairs["test"].append(PairIndex(f"env{j}", "preserving", base, base + j, y, y))
+                ds.append(altered)
                 axis = "cue_injection" if y == 1 else "cue_verbalization"
-                self.pairs["test"].append(PairIndex(axis, "altering", base, base + h.n_envs + 1, y, 1 - y))
+                self._pairs["test"].append(PairIndex(axis, "altering", base, base + h.n_envs, y, 1 - y))
+                self.datasets["transfer"].append(
+                    self._render(rng, item, y, T, domain, h.n_envs, h.shift_agree, pooled_dir, env_dir))
 
-    # ------------------------------------------------------------------ loaders
+    # ------------------------------------------------------------------ access (same API as TrajectoryDataModule)
+    def dataset(self, split: str) -> list[TraceExample]:
+        if not self.datasets:
+            self.setup()
+        return self.datasets[split]
+
+    def pairs(self, split: str, kind: str | None = None, axis: str | None = None) -> list[PairIndex]:
+        """Verified pairs with both traces in ``split`` (indices into ``dataset(split)``)."""
+        self.dataset(split)
+        return [p for p in self._pairs[split] if (kind is None or p.kind == kind) and (axis is None or p.axis == axis)]
+
     def _loader(self, examples: list[TraceExample], shuffle: bool, batch_size: int) -> DataLoader:
         return DataLoader(examples, batch_size=batch_size, shuffle=shuffle, collate_fn=collate,
                           num_workers=self.hparams.num_workers)
 
     def train_dataloader(self):
         h = self.hparams
-        tr = self.data["train"]
+        tr = self.dataset("train")
         if h.train_mode == "mixed":
-            return self._loader(tr, True, h.batch_size * h.n_envs)
+            return self.train_flat_dataloader()
         return EnvListLoader([self._loader([e for e in tr if e.env == k], True, h.batch_size)
                               for k in range(h.n_envs)])
 
+    def train_flat_dataloader(self, shuffle: bool = True) -> DataLoader:
+        return self._loader(self.dataset("train"), shuffle, self.hparams.batch_size * self.hparams.n_envs)
+
     def val_dataloader(self) -> DataLoader:
-        return self._loader(self.data["val"], False, self.hparams.eval_batch_size)
+        return self._loader(self.dataset("val"), False, self.hparams.eval_batch_size)
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader(self.data["test"], False, self.hparams.eval_batch_size)
+        return self._loader(self.dataset("test"), False, self.hparams.eval_batch_size)
 
     def predict_dataloader(self) -> DataLoader:
         return self.test_dataloader()
 
-    def shift_dataloader(self) -> DataLoader:
+    def transfer_dataloader(self) -> DataLoader:
         """Test items rendered in the held-out environment where the spurious correlation reverses."""
-        return self._loader(self.data["shift"], False, self.hparams.eval_batch_size)
+        return self._loader(self.dataset("transfer"), False, self.hparams.eval_batch_size)
 
-    def pair_dataloader(self) -> DataLoader:
-        """The traces that ``self.pairs['test']`` index (ID variants, shifted variant, altered variant)."""
-        return self._loader(self.data["pairs"], False, self.hparams.eval_batch_size)
+    def pair_dataloader(self, split: str, kind: str | None = None, axis: str | None = None,
+                        batch_size: int | None = None) -> Iterator[PairBatch]:
+        """Batches of verified pairs: (source TraceBatch, shifted TraceBatch, PairIndex list)."""
+        ds, ps = self.dataset(split), self.pairs(split, kind, axis)
+        b = batch_size or self.hparams.eval_batch_size
+        for s in range(0, len(ps), b):
+            chunk = ps[s:s + b]
+            yield PairBatch(collate([ds[p.source] for p in chunk]), collate([ds[p.shifted] for p in chunk]), chunk)

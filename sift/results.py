@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-DEFAULT_METRICS = ("val/auroc", "test/auroc", "test/balanced_acc", "shift/auroc", "val/threshold")
+DEFAULT_METRICS = ("val/auroc", "test/auroc", "test/balanced_acc", "transfer/auroc", "val/threshold")
 ID_COLUMNS = ("detector", "data", "kind", "seed", "config_hash", "run")
 
 

@@ -255,21 +255,24 @@ def _setup_data(cfg: DictConfig) -> Any:
 
 
 def _extra_eval(model: Any, dm: Any) -> dict[str, float]:
-    """Metrics on extra loaders a DataModule offers (``shift_dataloader``: a held-out shifted environment)."""
+    """Metrics on the DataModule's ``transfer`` loader when it has one with traces (held-out domain, model or
+    shifted environment), at the threshold frozen in distribution."""
+    import warnings
+
     from sift.detectors.module import binary_metrics
     from sift.metrics import auroc
 
     res: dict[str, float] = {}
-    if hasattr(dm, "shift_dataloader"):
-        out = model.predict_loader(dm.shift_dataloader())
-        if out:
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res["shift/auroc"] = auroc(out["prob"].numpy(), out["label"].numpy())
-            m = binary_metrics(out["prob"], out["label"], float(model.threshold))
-            res.update({f"shift/{k}": float(v) for k, v in m.items()})
+    if not hasattr(dm, "transfer_dataloader"):
+        return res
+    out = model.predict_loader(dm.transfer_dataloader())
+    if not out or out["prob"].numel() == 0:
+        return res
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res["transfer/auroc"] = auroc(out["prob"].numpy(), out["label"].numpy())
+    m = binary_metrics(out["prob"], out["label"], float(model.threshold))
+    res.update({f"transfer/{k}": float(v) for k, v in m.items()})
     return res
 
 
@@ -346,7 +349,7 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
         metrics.update(tres[0] if tres else {})
     metrics.update(_extra_eval(model, dm))
     for lg in loggers:
-        lg.log_metrics({k: v for k, v in metrics.items() if k.startswith("shift/")}, step=trainer.global_step)
+        lg.log_metrics({k: v for k, v in metrics.items() if k.startswith("transfer/")}, step=trainer.global_step)
     rec = _record(cfg, kind, metrics, t0, threshold=float(model.threshold), best_ckpt=best or None,
                   last_ckpt=str(ckpt_dir / "last.ckpt") if (ckpt_dir / "last.ckpt").is_file() else None,
                   epochs=int(trainer.current_epoch), global_step=int(trainer.global_step),

@@ -15,7 +15,7 @@ def main(cfg: DictConfig) -> float | None:
     with clean_failure("sift-train", None):
         rec = train(cfg)
         m = rec.get("metrics", {})
-        shown = " ".join(f"{k}={m[k]:.3f}" for k in ("val/auroc", "test/auroc", "shift/auroc")
+        shown = " ".join(f"{k}={m[k]:.3f}" for k in ("val/auroc", "test/auroc", "transfer/auroc")
                          if m.get(k) is not None)
         print(f"sift-train: {rec['kind']} {rec['detector']} seed={rec['seed']} {shown} -> {cfg.paths.output_dir}")
         v = m.get(str(cfg.monitor))

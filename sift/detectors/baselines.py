@@ -6,13 +6,14 @@ baseline                   inputs (DataModule names, see ``features.py``)       
 biasing-features           ``features`` columns starting with ``cue/``                          LR, C = 1
 counterfactual             ``features`` columns starting with ``cf/``                           MLP 64
 hidden-state probe         ``pooled`` (mean-pooled final-layer state)                           LR, C = 1
-instance-level             ``features`` columns starting with ``behaviour/`` or ``internal/``  MLP 128
+instance-level             ``features`` columns starting with ``beh/`` or ``int/``              MLP 128
 attribution-consistency    mean of channel ``attention_stability`` over real steps             1-D LR (threshold)
 =========================  =================================================================  ==================
 
 Logistic regressions are fitted once by scikit-learn (``LogisticRegression``, lbfgs, L2, inputs standardised
-like ``StandardScaler``) on the first training epoch's data and copied into torch buffers, so prediction,
-checkpoints and thresholds work as for any detector; training then stops. MLPs train with Adam under
+like ``StandardScaler``) on the training split (the DataModule's ``train_flat_dataloader`` if it has one, else
+the first epoch's batches) and copied into torch buffers, so prediction, checkpoints and thresholds work as for
+any detector; training stops after that first epoch's validation. MLPs train with Adam under
 Lightning (and may use the IRM/DANN objective of the base class, off by default).
 """
 
@@ -132,12 +133,24 @@ class LogisticDetector(DetectorModule):
         self.intercept.fill_(float(lr.intercept_[0]))
         self.fitted.fill_(True)
 
-    def _maybe_fit(self) -> None:
-        if bool(self.fitted) or not self._X:
+    def on_fit_start(self) -> None:
+        """Fit from the DataModule's flat training loader when it has one (each trace once); otherwise the
+        first epoch's training batches are collected and fitted before its validation."""
+        dm = self.trainer.datamodule
+        flat = getattr(dm, "train_flat_dataloader", None) if dm is not None else None
+        if bool(self.fitted) or flat is None:
             return
-        self.fit_arrays(torch.cat(self._X).numpy(), torch.cat(self._y).numpy())
-        self._X, self._y = [], []
-        if self._trainer is not None:
+        X, y = [], []
+        for b in flat():
+            X.append(self.selector(b).detach().cpu())
+            y.append(b.label.detach().cpu())
+        self.fit_arrays(torch.cat(X).numpy(), torch.cat(y).numpy())
+
+    def _maybe_fit(self) -> None:
+        if not bool(self.fitted) and self._X:
+            self.fit_arrays(torch.cat(self._X).numpy(), torch.cat(self._y).numpy())
+            self._X, self._y = [], []
+        if bool(self.fitted) and self._trainer is not None:
             self.trainer.should_stop = True  # one pass over the data is all a convex fit needs
 
     def on_validation_epoch_start(self) -> None:
@@ -158,12 +171,14 @@ class MLPDetector(DetectorModule):
                  weight_decay: float = 0.0, env_reduction: str = "mean", use_irm: bool = False,
                  irm_lambda: float = 1.0, irm_anneal_steps: int = 0, use_dann: bool = False,
                  dann_weight: float = 0.5, dann_domain: str = "env", dann_hidden: int = 128,
+                 dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
                  threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
         super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
                          pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models, lr=lr,
                          weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
                          irm_lambda=irm_lambda, irm_anneal_steps=irm_anneal_steps, use_dann=use_dann,
                          dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
+                         dann_schedule=dann_schedule, dann_lr_mult=dann_lr_mult,
                          threshold_method=threshold_method, stats_max_batches=stats_max_batches)
         self.save_hyperparameters(logger=False)
         self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,

@@ -5,7 +5,8 @@ This module is the contract between data and detectors. A DataModule exposes
 * ``channel_names``: one name per column of ``TraceBatch.x`` (per-step descriptors, DESIGN §5), e.g.
   ``velocity/l1 … velocity/l{L-1}``, ``drift/l1 … drift/l{L}``, ``early_commitment``, ``attention_stability``;
 * ``feature_names``: one name per column of ``TraceBatch.features``; each baseline selects its columns by
-  the prefixes below (paper §7.1);
+  the prefixes below (paper §7.1; the same as ``sift.trajectories.features``: ``cue/``, ``cf/``, ``beh/``,
+  ``int/``);
 * optionally ``pooled_dim`` (width of ``TraceBatch.pooled``), ``env_names`` and ``domain_names``.
 """
 
@@ -24,8 +25,8 @@ ATTENTION_STABILITY = "attention_stability"  #: a_t = 1 − JSD(A_t, A_{t−1})
 # ---- scalar feature prefixes (features[..., f]) ----
 CUE_PREFIX = "cue/"  #: cue-mention features (biasing-features baseline, Turpin et al.)
 CF_PREFIX = "cf/"  #: intervention-response profile (counterfactual baseline, Lanham et al.)
-BEHAVIOUR_PREFIX = "behaviour/"  #: behavioural instance features (instance-level baseline)
-INTERNAL_PREFIX = "internal/"  #: internal instance features (instance-level baseline)
+BEHAVIOUR_PREFIX = "beh/"  #: behavioural instance features (instance-level baseline)
+INTERNAL_PREFIX = "int/"  #: internal instance features (instance-level baseline)
 FEATURE_PREFIXES = (CUE_PREFIX, CF_PREFIX, BEHAVIOUR_PREFIX, INTERNAL_PREFIX)
 
 

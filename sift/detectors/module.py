@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -178,9 +179,11 @@ class DetectorModule(pl.LightningModule):
                  n_models: int = 1, lr: float = 1e-3, weight_decay: float = 0.0, env_reduction: str = "sum",
                  use_irm: bool = False, irm_lambda: float = 1.0, irm_anneal_steps: int = 0,
                  use_dann: bool = False, dann_weight: float = 0.5, dann_domain: str = "env",
-                 dann_hidden: int = 128, threshold_method: str = "youden",
-                 stats_max_batches: int = 200) -> None:
+                 dann_hidden: int = 128, dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
+                 threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
         super().__init__()
+        if dann_schedule not in ("constant", "ganin"):
+            raise SiftError(f"dann_schedule must be 'constant' or 'ganin', got {dann_schedule!r}")
         if env_reduction not in ("sum", "mean"):
             raise SiftError(f"env_reduction must be 'sum' or 'mean', got {env_reduction!r}")
         if dann_domain not in DANN_DOMAINS:
@@ -192,7 +195,7 @@ class DetectorModule(pl.LightningModule):
         self.lr, self.weight_decay, self.env_reduction = lr, weight_decay, env_reduction
         self.use_irm, self.irm_lambda, self.irm_anneal_steps = use_irm, irm_lambda, irm_anneal_steps
         self.use_dann, self.dann_weight, self.dann_domain = use_dann, dann_weight, dann_domain
-        self.dann_hidden = dann_hidden
+        self.dann_hidden, self.dann_schedule, self.dann_lr_mult = dann_hidden, dann_schedule, dann_lr_mult
         self.threshold_method, self.stats_max_batches = threshold_method, stats_max_batches
         self.domain_classifier: DomainClassifier | None = None
         self.register_buffer("threshold", torch.tensor(0.5))
@@ -269,17 +272,30 @@ class DetectorModule(pl.LightningModule):
             self.log("train/irm_penalty", pen, on_step=False, on_epoch=True, batch_size=bs)
         if self.use_dann:
             assert self.domain_classifier is not None and z is not None
+            self.domain_classifier.grl.alpha = self._grl_alpha()
             dl = dann_penalty(self.domain_classifier, z, self._domain_ids(cat))
             loss = loss + self.dann_weight * dl
             self.log("train/dann_loss", dl, on_step=False, on_epoch=True, batch_size=bs)
         self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=bs)
         return loss
 
+    def _grl_alpha(self) -> float:
+        """Gradient-reversal coefficient: 1, or Ganin et al.'s ramp 2/(1+exp(−10p)) − 1 over training progress p."""
+        if self.dann_schedule == "constant" or self._trainer is None:
+            return 1.0
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        p = min(1.0, self.global_step / total)
+        return float(2.0 / (1.0 + math.exp(-10.0 * p)) - 1.0)
+
     def configure_optimizers(self):
-        params = [p for p in self.parameters() if p.requires_grad]
-        if not params:
+        head = set(map(id, self.domain_classifier.parameters())) if self.domain_classifier is not None else set()
+        main = [p for p in self.parameters() if p.requires_grad and id(p) not in head]
+        groups = [{"params": main}] if main else []
+        if head:
+            groups.append({"params": list(self.domain_classifier.parameters()), "lr": self.lr * self.dann_lr_mult})
+        if not groups:
             return None
-        return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.Adam(groups, lr=self.lr, weight_decay=self.weight_decay)
 
     def on_fit_start(self) -> None:
         if not self.needs_input_stats():

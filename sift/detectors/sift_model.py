@@ -125,6 +125,7 @@ class SIFTDetector(DetectorModule):
                  mlp_hidden: int = 128, use_tcn: bool = True, use_transformer: bool = True,
                  use_irm: bool = True, irm_lambda: float = 1.0, irm_anneal_steps: int = 0,
                  use_dann: bool = True, dann_weight: float = 0.5, dann_domain: str = "env", dann_hidden: int = 128,
+                 dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
                  use_attention_stability: bool = True, use_early_commitment: bool = True,
                  drop_channels: Sequence[str] = (), standardize: bool = True, lr: float = 1e-3,
                  weight_decay: float = 0.0, env_reduction: str = "sum", threshold_method: str = "youden",
@@ -134,6 +135,7 @@ class SIFTDetector(DetectorModule):
                          weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
                          irm_lambda=irm_lambda, irm_anneal_steps=irm_anneal_steps, use_dann=use_dann,
                          dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
+                         dann_schedule=dann_schedule, dann_lr_mult=dann_lr_mult,
                          threshold_method=threshold_method, stats_max_batches=stats_max_batches)
         self.save_hyperparameters(logger=False)
         drop = list(drop_channels)

@@ -30,12 +30,12 @@ def test_prefix_selection(spec):
     cue = LogisticDetector(**spec, inputs="features", prefixes=[CUE_PREFIX])
     assert cue.selector.names and all(n.startswith("cue/") for n in cue.selector.names)
     inst = MLPDetector(**spec, inputs="features", prefixes=[BEHAVIOUR_PREFIX, INTERNAL_PREFIX], hidden=128)
-    assert {n.split("/")[0] for n in inst.selector.names} == {"behaviour", "internal"}
+    assert {n.split("/")[0] for n in inst.selector.names} == {"beh", "int"}
     assert inst.body[0].out_features == 128
     cf = MLPDetector(**spec, inputs="features", prefixes=[CF_PREFIX], hidden=64)
     assert all(n.startswith("cf/") for n in cf.selector.names) and cf.body[0].out_features == 64
     with pytest.raises(SiftError, match="no feature name starts with"):
-        LogisticDetector(**{**spec, "feature_names": ["behaviour/x"]}, inputs="features", prefixes=[CUE_PREFIX])
+        LogisticDetector(**{**spec, "feature_names": ["beh/x"]}, inputs="features", prefixes=[CUE_PREFIX])
 
 
 def test_attribution_score_is_masked_mean():

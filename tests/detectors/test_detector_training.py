@@ -36,7 +36,7 @@ def test_sift_learns_synthetic_and_freezes_threshold(compose_train, tmp_path):
     ck = torch.load(rec["best_ckpt"], weights_only=False)
     assert ck["sift_detector"]["threshold"] == pytest.approx(rec["threshold"])
     # validating on shifted data afterwards never retunes it
-    pl.Trainer(logger=False, enable_progress_bar=False).validate(m, dataloaders=dm.shift_dataloader(), verbose=False)
+    pl.Trainer(logger=False, enable_progress_bar=False).validate(m, dataloaders=dm.transfer_dataloader(), verbose=False)
     assert float(m.threshold) == pytest.approx(rec["threshold"])
     out = m.predict_loader(dm.test_dataloader())
     torch.testing.assert_close(out["rho"], torch.maximum(out["prob"], 1 - out["prob"]))

@@ -32,7 +32,7 @@ def _env_probe_accuracy(m, dm) -> float:
     def reps(split):
         zs, es = [], []
         with torch.no_grad():
-            for b in dm._loader(dm.data[split], False, 256):
+            for b in dm._loader(dm.dataset(split), False, 256):
                 zs.append(m.encode(b)[1])
                 es.append(b.env)
         return torch.cat(zs).numpy(), torch.cat(es).numpy()
@@ -58,5 +58,5 @@ def test_paper_size_sift_learns_the_trajectory_shape():
     m = _fit(dm, 6)  # Table 7 architecture and objective (IRM λ=1, DANN 0.5)
     out = m.predict_loader(dm.test_dataloader())
     assert auroc(out["prob"].numpy(), out["label"].numpy()) >= 0.9
-    shift = m.predict_loader(dm.shift_dataloader())
+    shift = m.predict_loader(dm.transfer_dataloader())
     assert np.isfinite(shift["prob"].numpy()).all()

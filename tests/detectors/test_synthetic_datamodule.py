@@ -27,9 +27,10 @@ def test_contract_and_splits():
     b = step[0]
     assert isinstance(b, TraceBatch) and b.x.shape[-1] == 9 and b.mask.dtype == torch.bool
     assert b.features.shape[-1] == len(dm.feature_names) and b.pooled.shape[-1] == dm.pooled_dim
-    items = {s: {e.base_item for e in dm.data[s]} for s in ("train", "val", "test")}
+    items = {s: {e.base_item for e in dm.dataset(s)} for s in ("train", "val", "test")}
     assert not (items["train"] & items["val"]) and not (items["train"] & items["test"])
     assert len(items["train"]) == 120 and len(items["val"]) == 30 and len(items["test"]) == 50
+    assert {e.env for e in dm.dataset("transfer")} == {3}
     mixed = next(iter(_dm(train_mode="mixed").train_dataloader()))
     assert isinstance(mixed, TraceBatch) and len(mixed.env.unique()) > 1
     spec = DataSpec.from_datamodule(dm)
@@ -38,16 +39,21 @@ def test_contract_and_splits():
 
 def test_pairs_are_verified_by_construction():
     dm = _dm()
-    ps = dm.data["pairs"]
-    for p in dm.pairs["test"]:
-        a, b = ps[p.source], ps[p.shifted]
-        assert a.base_item == b.base_item and (a.label, b.label) == (p.phi_source, p.phi_shifted)
-        assert (p.kind == "preserving") == (a.label == b.label)
+    for split in ("val", "test"):
+        ds = dm.dataset(split)
+        assert dm.pairs(split, kind="preserving")
+        for p in dm.pairs(split):
+            a, b = ds[p.source], ds[p.shifted]
+            assert a.base_item == b.base_item and (a.label, b.label) == (p.phi_source, p.phi_shifted)
+            assert (p.kind == "preserving") == (a.label == b.label)
+    assert len(dm.pairs("test", kind="altering")) == 50 and not dm.pairs("train")
+    pb = next(iter(dm.pair_dataloader("test", kind="altering", batch_size=8)))
+    assert len(pb.pairs) == 8 and torch.equal(pb.source.label, 1 - pb.shifted.label)
 
 
 def test_label_lives_in_the_shape_not_the_level_and_spurious_flips():
     dm = _dm()
-    ex = dm.data["test"]
+    ex = [e for e in dm.dataset("test") if not e.trace_id.endswith("altered")]
     y = np.array([e.label for e in ex])
     ec = dm.channel_names.index(EARLY_COMMITMENT)
     mean_ec = np.array([e.x[:, ec].mean().item() for e in ex])
@@ -56,6 +62,6 @@ def test_label_lives_in_the_shape_not_the_level_and_spurious_flips():
     assert auroc(late_ec, y) > 0.95  # the shape does
     sp = dm.channel_names.index("drift/l1")
     tr_score = np.array([e.x[:, sp].mean().item() for e in ex])
-    sh = dm.data["shift"]
+    sh = dm.dataset("transfer")
     sh_score = np.array([e.x[:, sp].mean().item() for e in sh])
     assert auroc(tr_score, y) > 0.75 and auroc(sh_score, [e.label for e in sh]) < 0.25

@@ -77,6 +77,13 @@ def test_captured_attention_equals_eager_output_attentions(model, records):
     keep = p.mask.bool()
     for layer in (0, L - 1):
         assert torch.allclose(cap.weights[layer][keep], ref[layer].mean(1)[keep], atol=1e-6)
+    model.set_attn_implementation("eager")  # a model already on eager attention is captured too
+    try:
+        with capture_attention(model, [L - 1]) as cap2:
+            model(**kw)
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert torch.allclose(cap2.weights[L - 1][keep], ref[L - 1].mean(1)[keep], atol=1e-6)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
