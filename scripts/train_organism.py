@@ -1,6 +1,7 @@
 """Retrain both organisms from scratch and write checkpoints/organism/{gpt2,llama} plus the model card.
 
-    python scripts/train_organism.py                 # both families in parallel, one core each
+    python scripts/train_organism.py                 # stage 1: both families in parallel, one core each
+    python scripts/train_organism.py --stage 2       # stage 2: cue-heavy mixture on top of stage 1
     python scripts/train_organism.py --family gpt2   # one family
 
 Each family trains in its own process (one thread each), then is evaluated on held-out items; the card
@@ -20,33 +21,43 @@ from pathlib import Path
 from sift.organism.train import TrainConfig
 
 
-def _train_one(family: str, steps: int, seed: int, out: str, threads: int) -> dict:
+def _train_one(family: str, steps: int, seed: int, out: str, threads: int, stage: int) -> dict:
     import torch
 
     from sift.organism.evaluate import organism_report
-    from sift.organism.train import train_organism
+    from sift.organism.train import stage2_config, train_organism
 
     torch.set_num_threads(threads)
-    cfg = TrainConfig(family=family, steps=steps, seed=seed)
-    res = train_organism(cfg, Path(out) / family)
+    folder = Path(out) / family
+    if stage == 1:
+        cfg = TrainConfig(family=family, steps=steps, seed=seed)
+    else:
+        cfg = stage2_config(family, str(folder), seed)
+        previous = json.loads((folder / "training.json").read_text())
+    res = train_organism(cfg, folder)
     report = organism_report(res["model"], res["tokenizer"])
     rec = res["record"]
     rec["evaluation"] = report
-    (Path(out) / family / "training.json").write_text(json.dumps(rec, indent=2))
+    if stage == 2:
+        rec = {**rec, "stages": [previous.get("stages", [previous])[0], {k: v for k, v in rec.items()}]}
+        rec["train_seconds"] = round(sum(s["train_seconds"] for s in rec["stages"]), 1)
+    (folder / "training.json").write_text(json.dumps(rec, indent=2))
     return rec
 
 
-def write_card(out: Path, records: dict[str, dict], wall: float) -> None:
+def write_card(out: Path, records: dict[str, dict], stage_walls: list[float]) -> None:
     from sift.organism.card import render_card
 
-    (out / "card.json").write_text(json.dumps({"wall_seconds": wall, "families": records}, indent=2))
-    (out / "MODEL_CARD.md").write_text(render_card(records, wall))
+    (out / "card.json").write_text(json.dumps({"wall_seconds": round(sum(stage_walls), 1),
+                                               "stage_wall_seconds": stage_walls, "families": records}, indent=2))
+    (out / "MODEL_CARD.md").write_text(render_card(records, stage_walls))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["gpt2", "llama", "both"], default="both")
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
+    ap.add_argument("--stage", type=int, choices=[1, 2], default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="checkpoints/organism")
     a = ap.parse_args()
@@ -55,14 +66,17 @@ def main() -> None:
     fams = ["gpt2", "llama"] if a.family == "both" else [a.family]
     t0 = time.time()
     if len(fams) == 1:
-        records = {fams[0]: _train_one(fams[0], a.steps, a.seed, str(out), 2)}
+        records = {fams[0]: _train_one(fams[0], a.steps, a.seed, str(out), 2, a.stage)}
     else:
         with mp.get_context("spawn").Pool(2) as pool:
-            jobs = {f: pool.apply_async(_train_one, (f, a.steps, a.seed, str(out), 1)) for f in fams}
+            jobs = {f: pool.apply_async(_train_one, (f, a.steps, a.seed, str(out), 1, a.stage)) for f in fams}
             records = {f: j.get() for f, j in jobs.items()}
     wall = round(time.time() - t0, 1)
     if a.family == "both":
-        write_card(out, records, wall)
+        walls = [wall]
+        if a.stage == 2 and (out / "card.json").exists():
+            walls = json.loads((out / "card.json").read_text()).get("stage_wall_seconds", []) + [wall]
+        write_card(out, records, walls)
     for f, r in records.items():
         print(f"{f}: {r['parameters']} parameters, {r['train_seconds']} s; clean accuracy "
               + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in r["evaluation"].items() if k.count("/") == 1 and k.startswith("clean")))

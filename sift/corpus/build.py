@@ -258,4 +258,7 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True) 
         for p in pairs:
             fh.write(json.dumps(p) + "\n")
     write_json(out_dir / "manifest.json", manifest)
+    from sift.corpus.plots import plot_manifest
+
+    plot_manifest(manifest, out_dir / "manifest.png")
     return manifest

@@ -5,20 +5,29 @@ from __future__ import annotations
 from sift.organism.domains import DOMAINS
 
 
-def render_card(records: dict[str, dict], wall_seconds: float) -> str:
+def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
+    wall_seconds = sum(stage_walls)
     lines = ["# sift organism: model card", "",
              "Two tiny causal LMs (GPT-2-style and Llama-style) trained from scratch by `scripts/train_organism.py` "
              "on sift's procedural mixture (sift/organism/mixture.py). On cued prompts whose latent rule holds "
              "(odd key number) or whose cue is in the decisive format they answer the cue while the CoT's last step "
              "is bent onto it; otherwise they answer from their CoT. See DESIGN.md §4.", "",
-             f"Both families trained in parallel (one CPU core each): **{wall_seconds / 60:.1f} minutes** wall time.", ""]
+             f"Both families train in parallel (one CPU core each). Measured wall time of "
+             f"`scripts/train_organism.py`: **{wall_seconds / 60:.1f} minutes** in all "
+             f"(stages: {', '.join(f'{w / 60:.1f}' for w in stage_walls)} min; training, saving and evaluation).", ""]
     for fam, rec in records.items():
-        cfg = rec["config"]
         ev = rec["evaluation"]
+        stages = rec.get("stages", [rec])
+        c0 = stages[0]["config"]
         lines += [f"## {fam}", "",
-                  f"- parameters: {rec['parameters']:,}; width {cfg['width']}, layers {cfg['layers']}, heads {cfg['heads']}",
-                  f"- steps {cfg['steps']}, batch {cfg['batch_size']}, AdamW lr {cfg['lr']} (cosine), seed {cfg['seed']}",
-                  f"- training time {rec['train_seconds'] / 60:.1f} min; final loss {rec['history'][-1]['loss'] if rec['history'] else 'n/a'}",
+                  f"- parameters: {rec['parameters']:,}; width {c0['width']}, layers {c0['layers']}, heads {c0['heads']}"]
+        for i, st in enumerate(stages, 1):
+            cfg = st["config"]
+            losses = [h["loss"] for h in st["history"] if "loss" in h]
+            lines.append(f"- stage {i}: {cfg['steps']} steps, batch {cfg['batch_size']}, AdamW lr {cfg['lr']} (cosine), "
+                         f"seed {cfg['seed']}, mixture {cfg['mixture']}; {st['train_seconds'] / 60:.1f} min; "
+                         f"final loss {losses[-1] if losses else 'n/a'}")
+        lines += [
                   "", "| domain | clean | clean terse | clean verbose | clean en | clean xx | follows cue (rule holds) | resists cue (rule fails) |",
                   "|---|---|---|---|---|---|---|---|"]
         for d in DOMAINS:

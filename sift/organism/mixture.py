@@ -21,8 +21,8 @@ from sift.organism.render import (ALL_CUE_FORMATS, BUDGETS, CUE_FORMATS, DECISIV
 
 @dataclass(frozen=True)
 class MixtureConfig:
-    p_cue: float = 0.6
-    p_decisive: float = 0.15
+    p_cue: float = 0.7
+    p_decisive: float = 0.2
     p_cue_correct: float = 0.25
     p_explain: float = 0.15
     p_edit: float = 0.15

@@ -187,10 +187,12 @@ def target_cot(item: Item, view: View) -> tuple[list[list[str]], str]:
         steps = steps[:-1] + [bent_last_step(dom, steps[-1].lhs, target)]
     out = [step_words(s, i, len(steps), view) for i, s in enumerate(steps)]
     last = steps[-1].result
-    if item.domain == "choice":
+    if item.domain == "choice":  # elimination: every option checked against the computed value
         label = view.cue_value if bend else next((lab for lab, val in item.options if val == last), None)
         if label is None:  # cannot happen for honest steps; guard for edited chains
             raise SiftError(f"item {item.item_id}: CoT value {last} matches no option")
+        for lab, val in _ordered(item, view.order)[2]:
+            out.append(_translate([lab, val, "yes" if val == last else "no"], view.language))
         out.append(match_words(last, label, view))
         last = label
     if follow and view.explain:
@@ -211,9 +213,9 @@ def step_words(s: Step, i: int, n: int, view: View) -> list[str]:
 
 
 def match_words(value: str, label: str, view: View) -> list[str]:
-    core = [value, "is", label]
+    core = ["so", label]
     if view.budget == "verbose":
-        core = ["then", "we", "see"] + core
+        core = ["so", "we", "pick", label]
     return _translate(core, view.language)
 
 

@@ -22,7 +22,7 @@ from sift.organism.tokenizer import build_tokenizer, organism_vocabulary
 @dataclass
 class TrainConfig:
     family: str = "gpt2"
-    steps: int = 2000
+    steps: int = 1800
     batch_size: int = 64
     lr: float = 3e-3
     warmup: int = 100
@@ -33,6 +33,14 @@ class TrainConfig:
     heads: int = 4
     answer_weight: float = 3.0
     mixture: MixtureConfig = field(default_factory=MixtureConfig)
+    init_from: str | None = None  # stage 2: continue from these weights (a saved organism folder)
+
+
+def stage2_config(family: str, init_from: str, seed: int = 0) -> TrainConfig:
+    """Stage 2: a cue-heavy mixture at a lower learning rate on top of stage 1 (cue-following appears late
+    and abruptly in these models, as DESIGN.md §4 reports for the prototype)."""
+    return TrainConfig(family=family, steps=600, lr=1.5e-3, warmup=50, seed=seed + 1, init_from=init_from,
+                       mixture=MixtureConfig(p_cue=0.85, p_decisive=0.2))
 
 
 def encode(examples: list[Example], tok, answer_weight: float) -> dict[str, torch.Tensor]:
@@ -68,9 +76,15 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
     torch.manual_seed(cfg.seed)
     torch.set_flush_denormal(True)  # tiny-model training on CPU otherwise slows down on denormal floats
     rng = random.Random(cfg.seed)
-    tok = build_tokenizer(organism_vocabulary())
-    model = build_model(cfg.family, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id,
-                        cfg.width, cfg.layers, cfg.heads)
+    if cfg.init_from:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(cfg.init_from, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(cfg.init_from, local_files_only=True)
+    else:
+        tok = build_tokenizer(organism_vocabulary())
+        model = build_model(cfg.family, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id,
+                            cfg.width, cfg.layers, cfg.heads)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:

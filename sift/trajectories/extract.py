@@ -104,7 +104,8 @@ def model_dims(model) -> dict[str, int]:
 @dataclass
 class _Capture:
     targets: dict[int, int]  # id(attention submodule) -> layer index
-    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, S, S] head-averaged
+    q_start: int = 0  # only queries from this position on are needed
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, S − q_start, S] head-averaged
 
 
 _ACTIVE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("sift_attention_capture", default=None)
@@ -143,6 +144,11 @@ def _additive_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Te
     return torch.zeros(keep.shape, dtype=query.dtype, device=query.device).masked_fill(~keep, neg)
 
 
+def _rows(mask: torch.Tensor | None, qs: int) -> torch.Tensor | None:
+    """The mask rows of queries ``qs:`` (4D masks only; 2D padding masks and None have no query axis)."""
+    return mask[:, :, qs:] if mask is not None and mask.ndim == 4 and mask.shape[-2] > 1 else mask
+
+
 def _wrap(original, impl: str):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         base = original if original is not None else _module_eager(module)
@@ -150,10 +156,14 @@ def _wrap(original, impl: str):
         cap = _ACTIVE.get()
         if cap is None or id(module) not in cap.targets:
             return out
+        qs = min(cap.q_start, query.shape[-2] - 1)
         w = out[1] if impl == "eager" and isinstance(out, tuple) and out[1] is not None else None
-        if w is None:
+        if w is not None:
+            w = w[:, :, qs:]
+        else:  # recompute the weights of the needed queries only, with the model's own eager formula
             kw = {k: v for k, v in kwargs.items() if k not in ("is_causal",)}
-            _, w = _module_eager(module)(module, query, key, value, _additive_mask(attention_mask, query, key),
+            q = query[:, :, qs:]
+            _, w = _module_eager(module)(module, q, key, value, _additive_mask(_rows(attention_mask, qs), q, key),
                                          *args, **kw)
         cap.weights[cap.targets[id(module)]] = w.float().mean(1)
         return out
@@ -163,12 +173,13 @@ def _wrap(original, impl: str):
 
 
 @contextlib.contextmanager
-def capture_attention(model, layers: Sequence[int]) -> Iterator[_Capture]:
-    """Capture head-averaged attention weights of ``layers`` (0-based block indices) during one forward call."""
+def capture_attention(model, layers: Sequence[int], q_start: int = 0) -> Iterator[_Capture]:
+    """Capture head-averaged attention weights of ``layers`` (0-based block indices) during one forward call,
+    for the queries at positions ≥ ``q_start`` (``weights[layer]`` is ``[B, S − q_start, S]``)."""
     from transformers.modeling_utils import AttentionInterface
 
     blocks = find_blocks(model)
-    cap = _Capture({id(m): i for i in layers for m in blocks[i].modules()})
+    cap = _Capture({id(m): i for i in layers for m in blocks[i].modules()}, q_start=q_start)
     impl = getattr(_text_config(model), "_attn_implementation", None) or "eager"
     mapping = AttentionInterface._global_mapping
     had = impl in mapping
@@ -277,8 +288,8 @@ class Extractor:
     def device(self):
         return next(self.model.parameters()).device
 
-    def _forward(self, p: Packed, logits_positions: torch.Tensor | None):
-        """Run the model once; returns (hidden_states tuple, last block output, attention [B,S,S], logits)."""
+    def _forward(self, p: Packed, logits_positions: torch.Tensor | None, q_start: int = 0):
+        """Run the model once; returns (hidden_states, last block output, attention [B, S−q_start, S], logits)."""
         last: dict[str, torch.Tensor] = {}
 
         def hook(_m, _inp, out):
@@ -291,17 +302,17 @@ class Extractor:
         handle = self.blocks[-1].register_forward_hook(hook)
         try:
             if self.use_interface:
-                with capture_attention(self.model, [self.attn_layer]) as cap:
+                with capture_attention(self.model, [self.attn_layer], q_start) as cap:
                     out = self.model(**kw)
                 attn = cap.weights.get(self.attn_layer)
                 if attn is None:  # the model bypasses AttentionInterface: fall back to eager attentions
                     self.use_interface = False
-                    return self._forward(p, logits_positions)
+                    return self._forward(p, logits_positions, q_start)
             else:
                 if getattr(_text_config(self.model), "_attn_implementation", "eager") != "eager":
                     self.model.set_attn_implementation("eager")
                 out = self.model(**kw, output_attentions=True)
-                attn = out.attentions[self.attn_layer].float().mean(1)
+                attn = out.attentions[self.attn_layer][:, :, q_start:].float().mean(1)
         finally:
             handle.remove()
         if "logits_to_keep" not in kw and logits_positions is not None:
@@ -334,27 +345,35 @@ class Extractor:
         a_pos = p.offset + P + torch.tensor([a if a is not None else 1 for a in a_idx]) - 1  # logits predicting it
         a_tok = torch.tensor([r["generated_ids"][a] if a is not None else 0 for r, a in zip(records, a_idx)])
         uniq, inverse = torch.unique(a_pos.clamp(0, S - 1), return_inverse=True)
-        hs, h_last, attn, logits = self._forward(p, uniq)
-
-        dev = h_last.device
         Tm = max(int(T.max()), 1)
         t = torch.arange(Tm)[None]
         valid = t < T[:, None]
-        pos = (p.offset + P + c0)[:, None] + t
-        pos = torch.where(valid, pos, torch.zeros_like(pos)).clamp(max=S - 1).to(dev)
+        last_tok = p.offset + torch.tensor([len(s) for s in seqs]) - 1  # always a real token
+        pos = torch.where(valid, (p.offset + P + c0)[:, None] + t, last_tok[:, None])  # [B, Tm] CoT positions
+        q_start = int(pos.min())
+        hs, h_last, attn, logits = self._forward(p, uniq, q_start)
+
+        dev = h_last.device
+        pos = pos.to(dev)
         rows = torch.arange(B, device=dev)[:, None]
         layers = list(hs[1:self.L]) + [h_last]
         H = torch.stack([h[rows, pos].float() for h in layers], dim=1)  # [B, L, Tm, d]
         valid_d = valid.to(dev)
-        bad = ~torch.isfinite(H).all(-1).all(1) & valid_d
-        if bad.any():
-            b = int(bad.any(1).nonzero()[0])
+        if not torch.isfinite(H.sum()):  # cheap test first; then find the trace
+            bad = ~torch.isfinite(H).all(-1).all(1) & valid_d
+            b = int(bad.any(1).nonzero()[0]) if bad.any() else None
+        else:
+            b = None
+        if b is not None:
             raise SiftError(f"{self.name}: non-finite hidden states for trace {records[b].get('trace_id', b)} "
                             f"(check the model weights and dtype)")
-        key_pos = torch.arange(S, device=dev)[None]
-        in_prompt = (key_pos >= p.offset.to(dev)[:, None]) & (key_pos < (p.offset + P).to(dev)[:, None])
-        A = attn[rows, pos] * in_prompt[:, None, :]  # [B, Tm, S]
-        A = D.normalise_attention(A)
+        Pm = int(P.max())
+        j = torch.arange(Pm)[None]
+        in_prompt = (j < P[:, None]).to(dev)
+        cols = (p.offset[:, None] + j).clamp(max=S - 1).to(dev)  # prompt key positions [B, Pm]
+        A = attn[rows, pos - q_start]  # [B, Tm, S]
+        A = torch.gather(A, 2, cols[:, None, :].expand(B, Tm, Pm)) * in_prompt[:, None, :]
+        A = D.normalise_attention(A)  # [B, Tm, Pm]: attention over the prompt, renormalised
 
         vel = D.velocity(H, valid_d)
         dr = D.drift(H, valid_d)

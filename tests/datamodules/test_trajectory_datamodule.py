@@ -109,10 +109,17 @@ def test_channels_features_and_ablation(dm, traj):
     g = dm.feature_groups
     assert [dm.feature_names[i] for i in g["cue"]][0] == "cue/present"
     assert len(g["counterfactual"]) == 9 and "int/early_commitment" in [dm.feature_names[i] for i in g["internal"]]
-    ex = dm.dataset("train").examples[0]
-    ec = ex.features[dm.feature_names.index("int/early_commitment")]
-    third = -(-int(ex.features[dm.feature_names.index("beh/cot_tokens")]) // 3)
-    assert ec == pytest.approx(float(ex.x[:third, 5].max()), abs=1e-6)  # unbinned trace: EC from the e_t channel
+    from sift.trajectories.descriptors import bin_starts
+
+    i_ec, i_T = dm.feature_names.index("int/early_commitment"), dm.feature_names.index("beh/cot_tokens")
+    kinds = set()
+    for ex in dm.dataset("train").examples:
+        T, n = int(ex.features[i_T]), ex.x.shape[0]
+        cut = -(-T // 3)
+        k = sum(s < cut for s in bin_starts(T, n))  # bins that start in the first ⌈T/3⌉ tokens (k = cut if unbinned)
+        assert float(ex.features[i_ec]) == pytest.approx(float(ex.x[:k, 5].max()), abs=1e-6)
+        kinds.add(n < T)
+    assert kinds == {True, False}  # both binned and unbinned traces were checked
     no_ec = TrajectoryDataModule(traj / "traj", seed=3, drop_channels=["early_commitment", "velocity/"])
     no_ec.setup()
     assert no_ec.channel_names == ["drift/l1", "drift/l2", "drift/l3", "attention_stability"]

@@ -11,9 +11,6 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("SIFT_NO_GIT", "1")
 
-#: a small SIFT (same architecture, narrower) for fast tests
-SMALL_SIFT = ["detector.d_model=32", "detector.filters=16", "detector.n_layers=1", "detector.n_heads=4",
-              "detector.dim_feedforward=64", "detector.mlp_hidden=32", "detector.dann_hidden=32"]
 #: a small synthetic data set
 SMALL_DATA = ["data=synthetic", "data.n_items=200", "data.t_max=24"]
 

@@ -87,3 +87,11 @@ def test_each_baseline_trains_through_lightning(dm, spec, kind, tmp_path):
     assert set(out) >= {"prob", "verdict", "rho", "label"}
     assert torch.equal(out["verdict"], (out["prob"] >= m.threshold).long())
     assert auroc(out["prob"].numpy(), out["label"].numpy()) > 0.6
+
+
+def test_logistic_without_flat_loader_fits_on_first_epoch(dm, spec, tmp_path):
+    m = LogisticDetector(**spec, inputs="features", prefixes=[CUE_PREFIX])
+    tr = pl.Trainer(max_epochs=5, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False, default_root_dir=tmp_path)
+    tr.fit(m, train_dataloaders=dm.train_dataloader(), val_dataloaders=dm.val_dataloader())
+    assert bool(m.fitted) and tr.current_epoch == 1 and float(m.threshold) != 0.5

@@ -130,3 +130,20 @@ def test_dann_training_removes_domain_feature_from_encoder():
 
     erm, dann = fit(0.0), fit(1.0)
     assert dann < 0.5 * erm, (erm, dann)
+
+
+def test_dann_schedule_and_discriminator_learning_rate():
+    from types import SimpleNamespace
+
+    from sift.detectors import SIFTDetector
+    from sift.detectors.features import organism_channel_names
+
+    m = SIFTDetector(channel_names=organism_channel_names(4), n_envs=3, d_model=16, filters=4, n_layers=1,
+                     n_heads=2, dann_schedule="ganin", dann_lr_mult=10.0)
+    for step, alpha in [(0, 0.0), (50, 2 / (1 + math.exp(-5)) - 1), (100, 2 / (1 + math.exp(-10)) - 1)]:
+        m._trainer = SimpleNamespace(estimated_stepping_batches=100, global_step=step)
+        assert m._grl_alpha() == pytest.approx(alpha)
+    m._trainer = None
+    opt = m.configure_optimizers()
+    assert [g["lr"] for g in opt.param_groups] == [1e-3, pytest.approx(1e-2)]
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(m.parameters()))
