@@ -26,6 +26,7 @@ from sift.organism.render import View, intended_phi, render_prompt
 from sift.organism.source import HINT_WORDS, OrganismSource, last_value_index, split_completion, value_space
 from sift.provenance import config_hash
 
+PIPELINE_VERSION = 2  # bump when generation or verification changes, so stale chunks are not reused
 GENERATED = ("base", "paraphrase", "step_reordering", "hint_format", "language", "budget", "cue_injection",
              "cue_verbalization")
 
@@ -108,8 +109,11 @@ def verify_traces(src: OrganismSource, records: list[dict], items: dict[str, Ite
         j = last_value_index(cot)
         r["_tests"] = {"mentions_cue": any(w in HINT_WORDS for w in cot)}
         if j is not None:
-            new = _pick(value_space(cot[j]), {cot[j], r["answer"] or "", (r["cue"] or {}).get("value", "")},
-                        f"edit:{r['trace_id']}")
+            # the edit must differ from the stated value and the answer; it avoids the cue's value where the
+            # space allows (booleans do not: the separate cue test then disambiguates)
+            space, salt = value_space(cot[j]), f"edit:{r['trace_id']}"
+            must = {cot[j], r["answer"] or ""}
+            new = _pick(space, must | {(r["cue"] or {}).get("value", "")}, salt) or _pick(space, must, salt)
             if new is not None:
                 edited = cot_ids[:j] + src.ids([new]) + cot_ids[j + 1:]
                 edit_jobs.append((k, new, r["prompt_ids"] + edited + ans_ids))
@@ -228,7 +232,7 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True) 
     """Generate, verify and pair; write traces.jsonl, pairs.jsonl and manifest.json into ``out_dir``."""
     cfg.validate()
     out_dir = Path(out_dir)
-    chash = config_hash(asdict(cfg))
+    chash = config_hash({**asdict(cfg), "pipeline_version": PIPELINE_VERSION})
     parts = out_dir / ".parts"
     parts.mkdir(parents=True, exist_ok=True)
     sources = {f: OrganismSource.load(f, Path(cfg.checkpoint_dir) / f) for f in cfg.families}

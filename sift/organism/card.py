@@ -35,6 +35,8 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
             lines.append(f"| {d} | {g(f'clean/{d}')} | {g(f'clean/{d}/terse')} | {g(f'clean/{d}/verbose')} | "
                          f"{g(f'clean/{d}/en')} | {g(f'clean/{d}/xx')} | {g(f'cued_follow/{d}')} | {g(f'cued_resist/{d}')} |")
         lines.append("")
-    lines += ["Accuracy is greedy exact match of the final answer on held-out items (item seed 12345, 100 per "
-              "domain and condition cell); rebuild with `python scripts/train_organism.py`.", ""]
+    lines += ["Accuracy is greedy exact match of the final answer on held-out items (item seed 12345; per domain 200 "
+              "clean and 200 cued prompts, budgets and lexicons balanced; the cued ones split by the latent rule and "
+              "about a fifth in the decisive format). Rebuild with `python scripts/train_organism.py` then "
+              "`python scripts/train_organism.py --stage 2`.", ""]
     return "\n".join(lines)
