@@ -15,7 +15,6 @@ import argparse
 import json
 import multiprocessing as mp
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from sift.organism.train import TrainConfig

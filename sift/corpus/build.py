@@ -7,22 +7,19 @@ the config hash, so an interrupted run resumes without redoing finished chunks. 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from sift import __version__
-from sift.atomic import atomic_open, write_json
 from sift.corpus.conditions import AXES, base_view, check_conditions, condition_view
 from sift.corpus.manifest import build_manifest
+from sift.corpus.store import run_chunks, write_corpus
 from sift.corpus.verify import phi_from_tests
 from sift.errors import SiftError
 from sift.organism.domains import DOMAINS, Item, answer_space, make_item
-from sift.organism.render import View, intended_phi, render_prompt
+from sift.organism.render import View, intended_phi
 from sift.organism.source import HINT_WORDS, OrganismSource, last_value_index, split_completion, value_space
 from sift.provenance import config_hash
 
@@ -233,36 +230,14 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True) 
     cfg.validate()
     out_dir = Path(out_dir)
     chash = config_hash({**asdict(cfg), "pipeline_version": PIPELINE_VERSION})
-    parts = out_dir / ".parts"
-    parts.mkdir(parents=True, exist_ok=True)
     sources = {f: OrganismSource.load(f, Path(cfg.checkpoint_dir) / f) for f in cfg.families}
     items = corpus_items(cfg)
     chunks = [items[i:i + cfg.chunk_items] for i in range(0, len(items), cfg.chunk_items)]
     t0 = time.time()
-    records: list[dict] = []
-    reused = 0
-    for ci, chunk in enumerate(tqdm(chunks, desc="corpus chunks", disable=not progress)):
-        part = parts / f"chunk-{ci:04d}-{chash}.jsonl"
-        if part.exists():
-            records += [json.loads(line) for line in part.read_text().splitlines()]
-            reused += 1
-            continue
-        recs = build_chunk(sources, chunk, cfg, chash)
-        with atomic_open(part) as fh:
-            for r in recs:
-                fh.write(json.dumps(r) + "\n")
-        records += recs
+    records, reused = run_chunks(chunks, out_dir / ".parts", chash, lambda c: build_chunk(sources, c, cfg, chash),
+                                 desc="corpus chunks", progress=progress)
     pairs = build_pairs(records, cfg)
     manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
                               seconds=round(time.time() - t0, 1), chunks_reused=reused)
-    with atomic_open(out_dir / "traces.jsonl") as fh:
-        for r in records:
-            fh.write(json.dumps(r) + "\n")
-    with atomic_open(out_dir / "pairs.jsonl") as fh:
-        for p in pairs:
-            fh.write(json.dumps(p) + "\n")
-    write_json(out_dir / "manifest.json", manifest)
-    from sift.corpus.plots import plot_manifest
-
-    plot_manifest(manifest, out_dir / "manifest.png")
+    write_corpus(out_dir, records, pairs, manifest)
     return manifest

@@ -44,10 +44,10 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from sift import __version__
-from sift.atomic import atomic_open, write_json
 from sift.corpus.build import build_pairs
 from sift.corpus.conditions import AXES, check_conditions
 from sift.corpus.manifest import build_manifest
+from sift.corpus.store import run_chunks, write_corpus
 from sift.corpus.verify import phi_from_tests
 from sift.errors import SiftError
 from sift.lm.items import FORMATS, LMItem, from_reasoning_gym, load_items
@@ -456,22 +456,14 @@ def build_real_corpus(cfg: RealCorpusConfig, out_dir: str | Path, progress: bool
         return loaded[fam]
 
     t0 = time.time()
-    records: list[dict] = []
-    reused = 0
-    for ci, chunk in enumerate(tqdm(chunks, desc="real-LM corpus chunks", disable=not progress)):
-        part = parts / f"chunk-{ci:04d}-{chash}.jsonl"
-        if part.exists():
-            records += [json.loads(line) for line in part.read_text().splitlines()]
-            reused += 1
-            continue
+    def build(chunk) -> list[dict]:
         recs: list[dict] = []
         for k in range(len(cfg.models)):
             conds = cfg.conditions if k == 0 or cfg.family_conditions == "all" else ["base"]
             recs += build_chunk_for(source(k), chunk, cfg, chash, conds)
-        with atomic_open(part) as fh:
-            for r in recs:
-                fh.write(json.dumps(r) + "\n")
-        records += recs
+        return recs
+
+    records, reused = run_chunks(chunks, parts, chash, build, desc="real-LM corpus chunks", progress=progress)
     pairs = build_pairs(records, SimpleNamespace(families=labels, conditions=cfg.conditions))
     manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
                               seconds=round(time.time() - t0, 1), chunks_reused=reused)
@@ -482,13 +474,7 @@ def build_real_corpus(cfg: RealCorpusConfig, out_dir: str | Path, progress: bool
     manifest["not_applicable"] = [c for c in NOT_APPLICABLE if c in cfg.conditions]
     for c in manifest["not_applicable"]:
         manifest["axes"][c]["not_applicable"] = True
-    with atomic_open(out_dir / "traces.jsonl") as fh:
-        for r in records:
-            fh.write(json.dumps(r) + "\n")
-    with atomic_open(out_dir / "pairs.jsonl") as fh:
-        for p in pairs:
-            fh.write(json.dumps(p) + "\n")
-    write_json(out_dir / "manifest.json", manifest)
+    write_corpus(out_dir, records, pairs, manifest)
     return manifest
 
 

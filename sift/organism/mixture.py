@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 
 from sift.organism.domains import DOMAINS, Item, make_item
-from sift.organism.render import (ALL_CUE_FORMATS, BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, LANGUAGES, View,
+from sift.organism.render import (BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, LANGUAGES, View,
                                   fallback_answer, follows_cue, render_prompt, target_cot)
 
 

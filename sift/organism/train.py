@@ -12,10 +12,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from sift.organism.domains import DOMAINS, make_item
 from sift.organism.mixture import Example, MixtureConfig, sample_example
 from sift.organism.models import build_model
-from sift.organism.render import BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, View, follows_cue, render_prompt, target_cot
 from sift.organism.tokenizer import build_tokenizer, organism_vocabulary
 
 

@@ -7,12 +7,10 @@ CoTs and φ is the construction intent, so no trained model is needed.
 
 from __future__ import annotations
 
-import json
 import random
 from functools import lru_cache
 from pathlib import Path
 
-from sift.atomic import atomic_open, write_json
 
 
 @lru_cache(maxsize=1)
@@ -96,16 +94,11 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
 def write_toy_corpus(out_dir: str | Path, n_items: int = 8, families=("gpt2", "llama"), seed: int = 0) -> Path:
     """Write traces.jsonl, pairs.jsonl and manifest.json of a toy corpus; returns ``out_dir``."""
     from sift.corpus.build import CorpusConfig, build_pairs
+    from sift.corpus.store import write_corpus
 
     out_dir = Path(out_dir)
     records = toy_records(n_items, families, seed)
     cfg = CorpusConfig(n_items=n_items, families=list(families), seed=seed)
     pairs = build_pairs(records, cfg)
-    with atomic_open(out_dir / "traces.jsonl") as fh:
-        for r in records:
-            fh.write(json.dumps(r) + "\n")
-    with atomic_open(out_dir / "pairs.jsonl") as fh:
-        for p in pairs:
-            fh.write(json.dumps(p) + "\n")
-    write_json(out_dir / "manifest.json", {"traces": len(records), "pairs": len(pairs), "config_hash": "toy"})
+    write_corpus(out_dir, records, pairs, {"traces": len(records), "pairs": len(pairs), "config_hash": "toy"})
     return out_dir
