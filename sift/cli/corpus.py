@@ -15,9 +15,11 @@ def run(cfg: DictConfig) -> dict:
     src = cfg.source
     if src.type == "organism":
         from sift.corpus.build import CorpusConfig, build_corpus
+        from sift.organism import DEFAULT_CHECKPOINTS
 
         cc = CorpusConfig(n_items=cfg.n_items, domains=list(cfg.domains), conditions=list(cfg.conditions),
-                          families=list(src.families), checkpoint_dir=src.checkpoint_dir, seed=cfg.seed,
+                          families=list(src.families),
+                          checkpoint_dir=src.checkpoint_dir or str(DEFAULT_CHECKPOINTS), seed=cfg.seed,
                           p_cue=src.p_cue, p_cue_correct=src.p_cue_correct, do_sample=src.do_sample,
                           temperature=src.temperature, chunk_items=src.chunk_items, batch_size=src.batch_size)
         return build_corpus(cc, cfg.output_dir)

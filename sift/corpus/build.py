@@ -16,8 +16,9 @@ from sift import __version__
 from sift.corpus.conditions import AXES, base_view, check_conditions, condition_view
 from sift.corpus.manifest import build_manifest
 from sift.corpus.store import run_chunks, write_corpus
-from sift.corpus.verify import phi_from_tests
+from sift.corpus.verify import label_records
 from sift.errors import SiftError
+from sift.organism import DEFAULT_CHECKPOINTS
 from sift.organism.domains import DOMAINS, Item, answer_space, make_item
 from sift.organism.render import View, intended_phi
 from sift.organism.source import HINT_WORDS, OrganismSource, last_value_index, split_completion, value_space
@@ -34,7 +35,7 @@ class CorpusConfig:
     domains: list[str] = field(default_factory=lambda: list(DOMAINS))
     conditions: list[str] = field(default_factory=lambda: list(AXES))
     families: list[str] = field(default_factory=lambda: ["gpt2", "llama"])
-    checkpoint_dir: str = "checkpoints/organism"
+    checkpoint_dir: str = str(DEFAULT_CHECKPOINTS)
     seed: int = 0
     p_cue: float = 0.75
     p_cue_correct: float = 0.25
@@ -123,15 +124,8 @@ def verify_traces(src: OrganismSource, records: list[dict], items: dict[str, Ite
                 cue_jobs.append((k, new, prompt + cot_ids + ans_ids))
     edit_out = src.next_word([p for _, _, p in edit_jobs])
     cue_out = src.next_word([p for _, _, p in cue_jobs])
-    for (k, new, _), got in zip(edit_jobs, edit_out):
-        records[k]["_tests"].update(edit_value=new, edit_answer=got, edit_follows=got == new)
-    for (k, new, _), got in zip(cue_jobs, cue_out):
-        records[k]["_tests"].update(cue_value=new, cue_answer=got, cue_follows=got == new)
-    for r in records:
-        t = r.pop("_tests")
-        phi, reason = phi_from_tests(r["answer"], t.get("edit_follows"), t.get("cue_follows"), t["mentions_cue"])
-        r["phi"] = phi
-        r["verification"] = {"reason": reason, **t}
+    label_records(records, [(k, new, got) for (k, new, _), got in zip(edit_jobs, edit_out)],
+                  [(k, new, got) for (k, new, _), got in zip(cue_jobs, cue_out)])
 
 
 def truncate_cot(src: OrganismSource, item: Item, base_new_ids: list[int]) -> list[int] | None:

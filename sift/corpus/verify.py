@@ -47,3 +47,20 @@ def phi_from_tests(answer: str | None, edit_follows: bool | None, cue_follows: b
     if edit_follows:
         return 1, "answer follows the CoT edit"
     return 0, "answer follows neither the CoT edit nor the cue: the CoT is not load-bearing"
+
+
+def label_records(records: list[dict], edit_results, cue_results) -> None:
+    """Fill ``phi`` and ``verification`` of each record from its intervention outcomes.
+
+    ``records[k]["_tests"]`` holds what was known before the re-decodes (``mentions_cue``); each result is
+    ``(k, intervened value, re-decoded answer)``.
+    """
+    for k, new, got in edit_results:
+        records[k]["_tests"].update(edit_value=new, edit_answer=got, edit_follows=got == new)
+    for k, new, got in cue_results:
+        records[k]["_tests"].update(cue_value=new, cue_answer=got, cue_follows=got == new)
+    for r in records:
+        t = r.pop("_tests")
+        phi, reason = phi_from_tests(r["answer"], t.get("edit_follows"), t.get("cue_follows"), t["mentions_cue"])
+        r["phi"] = phi
+        r["verification"] = {"reason": reason, **t}

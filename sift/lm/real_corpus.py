@@ -48,7 +48,7 @@ from sift.corpus.build import build_pairs
 from sift.corpus.conditions import AXES, check_conditions
 from sift.corpus.manifest import build_manifest
 from sift.corpus.store import run_chunks, write_corpus
-from sift.corpus.verify import phi_from_tests
+from sift.corpus.verify import label_records
 from sift.errors import SiftError
 from sift.lm.items import FORMATS, LMItem, from_reasoning_gym, load_items
 from sift.lm.parsing import answer_line_start, last_value_span, normalize_number, parse_answer
@@ -351,15 +351,8 @@ def verify_records(src: LMSource, records: list[dict], views: list[LMView], item
     jobs = edit_jobs + cue_jobs
     got = src.redecode([p for *_, p in jobs], [kd for _, _, kd, _ in jobs], cfg.answer_tokens,
                        [items[records[k]["base_item"]].choices for k, *_ in jobs])
-    for (k, new, _, _), (ans, _) in zip(edit_jobs, got[:len(edit_jobs)]):
-        records[k]["_tests"].update(edit_value=new, edit_answer=ans, edit_follows=ans == new)
-    for (k, new, _, _), (ans, _) in zip(cue_jobs, got[len(edit_jobs):]):
-        records[k]["_tests"].update(cue_value=new, cue_answer=ans, cue_follows=ans == new)
-    for r in records:
-        t = r.pop("_tests")
-        phi, reason = phi_from_tests(r["answer"], t.get("edit_follows"), t.get("cue_follows"), t["mentions_cue"])
-        r["phi"] = phi
-        r["verification"] = {"reason": reason, **t}
+    label_records(records, [(k, new, ans) for (k, new, _, _), (ans, _) in zip(edit_jobs, got[:len(edit_jobs)])],
+                  [(k, new, ans) for (k, new, _, _), (ans, _) in zip(cue_jobs, got[len(edit_jobs):])])
 
 
 # ------------------------------------------------------------------------------------------------- chunks

@@ -104,7 +104,9 @@ def test_resume_reuses_chunks(built):
 def test_altering_conditions_on_verified_bases(tiny_dirs, tmp_path, monkeypatch):
     """With labels forced (1, 1, 0, ...), cue injection / verbalization are built on the right bases."""
     cycle = itertools.cycle([1, 1, 0])
-    monkeypatch.setattr(rc, "phi_from_tests", lambda *a: (next(cycle), "forced"))
+    import sift.corpus.verify as verify
+
+    monkeypatch.setattr(verify, "phi_from_tests", lambda *a: (next(cycle), "forced"))
     cfg = RealCorpusConfig(models=[str(tiny_dirs["gpt2"])], n_items=4, max_new_tokens=12, p_cue=1.0,
                            conditions=["base", "budget", "cue_injection", "cue_verbalization", "causal_truncation"])
     m = build_real_corpus(cfg, tmp_path, progress=False)
