@@ -30,6 +30,7 @@ class TrainConfig:
     layers: int = 4
     heads: int = 4
     answer_weight: float = 3.0
+    micro_batches: int = 4  # length-sorted gradient accumulation: the same gradient, less padding to compute
     mixture: MixtureConfig = field(default_factory=MixtureConfig)
     init_from: str | None = None  # stage 2: continue from these weights (a saved organism folder)
 
@@ -37,7 +38,7 @@ class TrainConfig:
 def stage2_config(family: str, init_from: str, seed: int = 0) -> TrainConfig:
     """Stage 2: a cue-heavy mixture at a lower learning rate on top of stage 1 (cue-following appears late
     and abruptly in these models, as DESIGN.md §4 reports for the prototype)."""
-    return TrainConfig(family=family, steps=600, lr=1.5e-3, warmup=50, seed=seed + 1, init_from=init_from,
+    return TrainConfig(family=family, steps=900, lr=1.5e-3, warmup=50, seed=seed + 1, init_from=init_from,
                        mixture=MixtureConfig(p_cue=0.85, p_decisive=0.2))
 
 
@@ -60,12 +61,36 @@ def encode(examples: list[Example], tok, answer_weight: float) -> dict[str, torc
     return {"input_ids": ids, "attention_mask": (ids != tok.pad_token_id).long(), "weights": wts}
 
 
-def weighted_lm_loss(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted next-token NLL of ``batch``, divided by ``normaliser`` (default: the batch's total weight)."""
     logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
     target = batch["input_ids"][:, 1:]
     w = batch["weights"][:, 1:]
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none")
-    return (nll * w.reshape(-1)).sum() / w.sum()
+    return (nll * w.reshape(-1)).sum() / (w.sum() if normaliser is None else normaliser)
+
+
+def length_sorted_chunks(examples: list[Example], n: int) -> list[list[Example]]:
+    """Split a batch into ``n`` micro-batches of similar length (so each pads to its own, shorter, width)."""
+    order = sorted(examples, key=lambda e: len(e.prompt) + len(e.completion))
+    size = math.ceil(len(order) / max(1, n))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+def accumulate_batch_loss(model, examples: list[Example], tok, answer_weight: float, micro_batches: int) -> float:
+    """Backpropagate the whole batch's weighted loss through length-sorted micro-batches; returns the loss.
+
+    Every micro-batch is normalised by the weight of the full batch, so the accumulated gradient equals
+    the gradient of ``weighted_lm_loss`` on the whole batch padded to one width (right padding: causal
+    attention never lets pads reach real tokens)."""
+    parts = [encode(chunk, tok, answer_weight) for chunk in length_sorted_chunks(examples, micro_batches)]
+    total = sum(p["weights"][:, 1:].sum() for p in parts)
+    loss = 0.0
+    for part in parts:
+        piece = weighted_lm_loss(model, part, total)
+        piece.backward()
+        loss += piece.item()
+    return loss
 
 
 def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_every: int = 100,
@@ -99,13 +124,12 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        batch = encode([sample_example(rng, cfg.mixture) for _ in range(cfg.batch_size)], tok, cfg.answer_weight)
-        loss = weighted_lm_loss(model, batch)  # right padding: causal attention never sees the pads
+        examples = [sample_example(rng, cfg.mixture) for _ in range(cfg.batch_size)]
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = accumulate_batch_loss(model, examples, tok, cfg.answer_weight, cfg.micro_batches)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        running = 0.98 * running + 0.02 * loss.item() if step else loss.item()
+        running = 0.98 * running + 0.02 * loss if step else loss
         if (step + 1) % log_every == 0:
             history.append({"step": step + 1, "loss": round(running, 4), "seconds": round(time.time() - t0, 1)})
             bar.set_postfix(loss=f"{running:.3f}")

@@ -1,0 +1,1 @@
+"""Evaluation: per-trace prediction tables, analyses (report sections) and evaluation callbacks."""

@@ -1,0 +1,170 @@
+"""One detector run's per-trace predictions on one split: the input of every analysis.
+
+A :class:`Predictions` table is what a trained detector (one seed, or an ensemble) says about every trace of
+a split of the trajectory DataModule, next to the trace's verified label and metadata. Pairs refer to traces
+by ``trace_id``. Tables are stored as ``.npz`` (atomic) so analyses rerun without the models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from sift.atomic import atomic_open
+from sift.errors import SiftError
+
+_ARRAYS = ("trace_id", "base_item", "domain", "model", "condition", "label", "prob")
+
+
+def confidence(prob: np.ndarray) -> np.ndarray:
+    """The default gate ρ = max(s, 1 − s) (DESIGN.md §7)."""
+    return np.maximum(prob, 1.0 - prob)
+
+
+@dataclass
+class Predictions:
+    """Per-trace outputs of one detector run. ``prob`` is P(faithful) (label 1 = φ* = 1 = faithful)."""
+
+    detector: str
+    seed: int | None  # None for an ensemble
+    split: str
+    threshold: float  # frozen on in-distribution validation
+    trace_id: np.ndarray  # [N] str
+    base_item: np.ndarray  # [N] str (cluster id for the bootstrap)
+    domain: np.ndarray  # [N] str
+    model: np.ndarray  # [N] str (source-model family)
+    condition: np.ndarray  # [N] str (FaithShift condition the trace was generated under)
+    label: np.ndarray  # [N] int, verified φ*
+    prob: np.ndarray  # [N] float, detector's P(faithful)
+    meta: dict[str, Any] = field(default_factory=dict)  # config hash, run folder, trained-on, ...
+
+    def __post_init__(self) -> None:
+        for name in _ARRAYS:
+            setattr(self, name, np.asarray(getattr(self, name)))
+        n = len(self.trace_id)
+        bad = [f"{k} has {len(getattr(self, k))}" for k in _ARRAYS if len(getattr(self, k)) != n]
+        if bad:
+            raise SiftError(f"Predictions({self.detector}, seed {self.seed}): {n} trace ids but " + "; ".join(bad))
+        if n and not np.all(np.isfinite(self.prob)):
+            raise SiftError(f"Predictions({self.detector}, seed {self.seed}): non-finite probabilities")
+        self.label = self.label.astype(int)
+        self.prob = self.prob.astype(float)
+
+    def __len__(self) -> int:
+        return len(self.trace_id)
+
+    @property
+    def verdict(self) -> np.ndarray:
+        """1 = judged faithful (prob ≥ frozen threshold)."""
+        return (self.prob >= self.threshold).astype(int)
+
+    @property
+    def confidence(self) -> np.ndarray:
+        return confidence(self.prob)
+
+    @property
+    def correct(self) -> np.ndarray:
+        return (self.verdict == self.label).astype(int)
+
+    def index(self) -> dict[str, int]:
+        """trace_id → row."""
+        return {t: i for i, t in enumerate(self.trace_id.tolist())}
+
+    def subset(self, mask: np.ndarray) -> "Predictions":
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        kw.update({k: getattr(self, k)[mask] for k in _ARRAYS})
+        return Predictions(**kw)
+
+    def save(self, path: str | Path) -> Path:
+        import json
+
+        path = Path(path)
+        header = {"detector": self.detector, "seed": self.seed, "split": self.split,
+                  "threshold": self.threshold, "meta": self.meta}
+        with atomic_open(path, "wb") as fh:
+            np.savez(fh, header=np.array(json.dumps(header, default=str)),
+                     **{k: getattr(self, k) for k in _ARRAYS})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Predictions":
+        import json
+
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                header = json.loads(str(z["header"]))
+                arrays = {k: z[k] for k in _ARRAYS}
+        except (OSError, KeyError, ValueError) as e:
+            raise SiftError(f"{path}: not a sift predictions file ({e})") from e
+        return cls(**header, **arrays)
+
+
+def average(members: Iterable[Predictions], detector: str, threshold: float) -> Predictions:
+    """Probability-average ensemble of runs on the same traces (same order required)."""
+    members = list(members)
+    if not members:
+        raise SiftError(f"ensemble {detector!r}: no member predictions")
+    ref = members[0]
+    for m in members[1:]:
+        if not np.array_equal(m.trace_id, ref.trace_id):
+            raise SiftError(f"ensemble {detector!r}: members {ref.detector}/{ref.seed} and {m.detector}/{m.seed} "
+                            "cover different traces")
+    prob = np.mean([m.prob for m in members], axis=0)
+    return Predictions(detector, None, ref.split, threshold, ref.trace_id, ref.base_item, ref.domain, ref.model,
+                       ref.condition, ref.label, prob, meta={"members": [(m.detector, m.seed) for m in members]})
+
+
+@dataclass
+class Pairs:
+    """Verified pairs of a split (from the corpus's ``pairs.jsonl``), by trace id."""
+
+    axis: np.ndarray  # [P] str (FaithShift axis)
+    kind: np.ndarray  # [P] str: preserving | altering
+    source_id: np.ndarray  # [P] str
+    shifted_id: np.ndarray  # [P] str
+    phi_source: np.ndarray  # [P] int
+    phi_shifted: np.ndarray  # [P] int
+    base_item: np.ndarray  # [P] str
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            setattr(self, f.name, np.asarray(getattr(self, f.name)))
+
+    def __len__(self) -> int:
+        return len(self.axis)
+
+    def select(self, kind: str | None = None, axis: str | None = None) -> "Pairs":
+        m = np.ones(len(self), bool)
+        if kind is not None:
+            m &= self.kind == kind
+        if axis is not None:
+            m &= self.axis == axis
+        return Pairs(**{f.name: getattr(self, f.name)[m] for f in fields(self)})
+
+    def rows(self, preds: Predictions) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Row indices of (source, shifted) in ``preds`` and a mask of the pairs whose both traces it has."""
+        idx = preds.index()
+        keep = np.array([s in idx and t in idx for s, t in zip(self.source_id, self.shifted_id)], bool)
+        src = np.array([idx.get(s, -1) for s in self.source_id], int)
+        dst = np.array([idx.get(t, -1) for t in self.shifted_id], int)
+        return src, dst, keep
+
+    @classmethod
+    def from_corpus(cls, corpus_dir: str | Path) -> "Pairs":
+        """The verified pairs of a corpus folder's ``pairs.jsonl`` (dropped pairs are left out)."""
+        from sift.corpus.store import read_jsonl
+
+        path = Path(corpus_dir) / "pairs.jsonl"
+        if not path.exists():
+            raise SiftError(f"{path}: no pairs file (build the corpus with sift-corpus first)")
+        rows = [r for r in read_jsonl(path) if r.get("verified")]
+        cols = {"axis": "axis", "kind": "kind", "source_id": "source", "shifted_id": "shifted",
+                "phi_source": "phi_source", "phi_shifted": "phi_shifted", "base_item": "base_item"}
+        try:
+            return cls(**{k: [r[v] for r in rows] for k, v in cols.items()})
+        except KeyError as e:
+            raise SiftError(f"{path}: pair record without field {e}") from e
