@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from datamodules.batch import PairIndex, TraceBatch, TraceExample, collate
 from sift.corpus.conditions import AXES
 from sift.errors import SiftError
+from sift.provenance import file_sha256
 from sift.trajectories import cache as C
 from sift.trajectories import features as F
 from sift.trajectories.descriptors import early_commitment
@@ -171,7 +172,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
         traces_path, pairs_path = corpus / "traces.jsonl", corpus / "pairs.jsonl"
         if not traces_path.exists():
             raise SiftError(f"{traces_path}: no such file (corpus of {self.trajectory_dir / C.MANIFEST})")
-        if C.file_sha256(traces_path, limit=None) != man["corpus"]["sha256"]:
+        if file_sha256(traces_path, limit=None) != man["corpus"]["sha256"]:
             raise SiftError(f"{traces_path}: changed since {self.trajectory_dir / C.MANIFEST} was extracted from it; "
                             f"rerun sift-extract")
         models = [m for m in man["models"] if self.models_filter is None or m in self.models_filter]
@@ -365,6 +366,11 @@ class TrajectoryDataModule(pl.LightningDataModule):
         if split not in SPLITS:
             raise SiftError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
         return self.datasets[split]
+
+    def condition_of(self, trace_id: str) -> str:
+        """The FaithShift condition a trace was generated under (evaluation metadata)."""
+        self._need()
+        return self.traces[trace_id].condition
 
     def pairs(self, split: str, kind: str | None = None, axis: str | None = None) -> list[PairIndex]:
         """Verified pairs with both traces in ``split`` (indices into ``dataset(split)``)."""

@@ -12,6 +12,8 @@ Usage (the trained organism; any corpus made by ``sift-corpus``)::
 
     python scripts/bench_extraction.py --corpus outputs/corpus --models-dir checkpoints/organism --n 2000
     python scripts/bench_extraction.py --n 400            # random-init toy organism + rendered toy corpus
+    python scripts/bench_extraction.py --models-dir checkpoints/organism --skip-time \
+        --memory-corpora outputs/corpus750 outputs/corpus3000   # peak RSS on two whole corpora
 """
 
 from __future__ import annotations
@@ -138,9 +140,34 @@ def memory_child(args) -> None:
         base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         extract_corpus(args.child_corpus, Path(tmp) / "out", {args.family: model_path},
                        ExtractConfig(batch_size=args.batch_size, shard_size=args.shard_size),
-                       loaded={args.family: (model, tok)})
+                       loaded={args.family: (model, tok)}, families=[args.family])
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"base_kb": base, "peak_kb": peak}))
+
+
+def _peak(corpus: Path, args) -> dict:
+    """Peak RSS of extracting ``corpus`` (one family) in a fresh subprocess."""
+    cmd = [sys.executable, __file__, "--memory-child", str(corpus), "--family", args.family,
+           "--batch-size", str(args.batch_size), "--shard-size", str(args.shard_size),
+           "--width", str(args.width), "--layers", str(args.layers), "--threads", str(args.threads)]
+    if args.models_dir:
+        cmd += ["--models-dir", str(args.models_dir)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+    if res.returncode:
+        sys.exit(res.stderr[-2000:])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def memory_corpora(args) -> None:
+    """Peak RSS of extracting two whole corpus folders (e.g. 750 and 3,000 base items)."""
+    small, large = args.memory_corpora
+    n = {c: sum(1 for line in open(c / "traces.jsonl") if f'"family": "{args.family}"' in line) for c in (small, large)}
+    a, b = _peak(small, args), _peak(large, args)
+    print(f"peak RSS  {small} ({n[small]} {args.family} traces): {a['peak_kb'] / 1024:.0f} MiB   "
+          f"{large} ({n[large]} traces): {b['peak_kb'] / 1024:.0f} MiB   "
+          f"differ {100 * (b['peak_kb'] / a['peak_kb'] - 1):+.1f}% (target < 25%)")
+    print(f"growth over imports+model: {(a['peak_kb'] - a['base_kb']) / 1024:.0f} MiB vs "
+          f"{(b['peak_kb'] - b['base_kb']) / 1024:.0f} MiB")
 
 
 def memory(args) -> None:
@@ -148,15 +175,7 @@ def memory(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in (args.n, 4 * args.n):
             corpus = _write_corpus(_records_for(args.corpus, n, args.family), Path(tmp) / f"c{n}")
-            cmd = [sys.executable, __file__, "--memory-child", str(corpus), "--family", args.family,
-                   "--batch-size", str(args.batch_size), "--shard-size", str(args.shard_size),
-                   "--width", str(args.width), "--layers", str(args.layers), "--threads", str(args.threads)]
-            if args.models_dir:
-                cmd += ["--models-dir", str(args.models_dir)]
-            res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
-            if res.returncode:
-                sys.exit(res.stderr[-2000:])
-            out[n] = json.loads(res.stdout.strip().splitlines()[-1])
+            out[n] = _peak(corpus, args)
     a, b = out[args.n], out[4 * args.n]
     ga, gb = a["peak_kb"] - a["base_kb"], b["peak_kb"] - b["base_kb"]
     print(f"peak RSS  N={args.n}: {a['peak_kb'] / 1024:.0f} MiB   4N={4 * args.n}: {b['peak_kb'] / 1024:.0f} MiB   "
@@ -178,13 +197,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-time", action="store_true")
+    ap.add_argument("--memory-corpora", type=Path, nargs=2, metavar=("SMALL", "LARGE"), default=None,
+                    help="peak RSS on two whole sift-corpus folders (e.g. 750 and 3,000 base items) instead of N/4N")
     ap.add_argument("--memory-child", type=Path, default=None, dest="child_corpus", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_corpus is not None:
         return memory_child(args)
     if not args.skip_time:
         time_ratio(args)
-    if not args.skip_memory:
+    if args.memory_corpora:
+        memory_corpora(args)
+    elif not args.skip_memory:
         memory(args)
 
 

@@ -1,7 +1,8 @@
 """Retrain both organisms from scratch and write checkpoints/organism/{gpt2,llama} plus the model card.
 
-    python scripts/train_organism.py                 # stage 1: both families in parallel, one core each
-    python scripts/train_organism.py --stage 2       # stage 2: cue-heavy mixture on top of stage 1
+    python scripts/train_organism.py                 # both stages, both families in parallel, one core each
+    python scripts/train_organism.py --stage 1       # stage 1 only
+    python scripts/train_organism.py --stage 2       # stage 2 only: cue-heavy mixture on top of stage 1
     python scripts/train_organism.py --family gpt2   # one family
 
 Each family trains in its own process (one thread each), then is evaluated on held-out items; the card
@@ -56,30 +57,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["gpt2", "llama", "both"], default="both")
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
-    ap.add_argument("--stage", type=int, choices=[1, 2], default=1)
+    ap.add_argument("--stage", choices=["1", "2", "all"], default="all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="checkpoints/organism")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     fams = ["gpt2", "llama"] if a.family == "both" else [a.family]
-    t0 = time.time()
-    if len(fams) == 1:
-        records = {fams[0]: _train_one(fams[0], a.steps, a.seed, str(out), 2, a.stage)}
-    else:
-        with mp.get_context("spawn").Pool(2) as pool:
-            jobs = {f: pool.apply_async(_train_one, (f, a.steps, a.seed, str(out), 1, a.stage)) for f in fams}
-            records = {f: j.get() for f, j in jobs.items()}
-    wall = round(time.time() - t0, 1)
+    stages = [1, 2] if a.stage == "all" else [int(a.stage)]
+    walls: list[float] = []
+    if stages == [2] and (out / "card.json").exists():
+        walls = json.loads((out / "card.json").read_text()).get("stage_wall_seconds", [])[:1]
+    for stage in stages:
+        t0 = time.time()
+        if len(fams) == 1:
+            records = {fams[0]: _train_one(fams[0], a.steps, a.seed, str(out), 2, stage)}
+        else:
+            with mp.get_context("spawn").Pool(2) as pool:
+                jobs = {f: pool.apply_async(_train_one, (f, a.steps, a.seed, str(out), 1, stage)) for f in fams}
+                records = {f: j.get() for f, j in jobs.items()}
+        walls.append(round(time.time() - t0, 1))
+        print(f"stage {stage} wall time {walls[-1]} s", flush=True)
     if a.family == "both":
-        walls = [wall]
-        if a.stage == 2 and (out / "card.json").exists():
-            walls = json.loads((out / "card.json").read_text()).get("stage_wall_seconds", []) + [wall]
         write_card(out, records, walls)
     for f, r in records.items():
         print(f"{f}: {r['parameters']} parameters, {r['train_seconds']} s; clean accuracy "
               + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in r["evaluation"].items() if k.count("/") == 1 and k.startswith("clean")))
-    print(f"total wall time {wall} s")
+    print(f"total wall time {round(sum(walls), 1)} s")
 
 
 if __name__ == "__main__":

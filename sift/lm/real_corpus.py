@@ -54,7 +54,7 @@ from sift.lm.items import FORMATS, LMItem, from_reasoning_gym, load_items
 from sift.lm.parsing import answer_line_start, last_value_span, normalize_number, parse_answer
 from sift.lm.prompts import ANSWER_PREFIX, BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, TEMPLATES, LMView, mentions_cue
 from sift.lm.prompts import prompt_ids as render_prompt_ids
-from sift.provenance import config_hash
+from sift.provenance import config_hash, model_fingerprint
 
 SOURCES = ("reasoning_gym",) + FORMATS
 NOT_APPLICABLE = ("step_reordering", "language")  # no generic realisation for free-form items
@@ -434,7 +434,8 @@ def build_real_corpus(cfg: RealCorpusConfig, out_dir: str | Path, progress: bool
     cfg.validate()
     out_dir = Path(out_dir)
     labels = cfg.labels()
-    chash = config_hash(asdict(cfg))
+    # model fingerprints (weights of a folder or file; the name for a cached hub model) are part of the key
+    chash = config_hash({**asdict(cfg), "models": [model_fingerprint(m) for m in cfg.models]})
     parts = out_dir / ".parts"
     parts.mkdir(parents=True, exist_ok=True)
     items = load_corpus_items(cfg)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from sift.organism.domains import DOMAINS
 
 
@@ -14,7 +16,8 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
              "is bent onto it; otherwise they answer from their CoT. See DESIGN.md §4.", "",
              f"Both families train in parallel (one CPU core each). Measured wall time of "
              f"`scripts/train_organism.py`: **{wall_seconds / 60:.1f} minutes** in all "
-             f"(stages: {', '.join(f'{w / 60:.1f}' for w in stage_walls)} min; training, saving and evaluation).", ""]
+             f"(stages: {', '.join(f'{w / 60:.1f}' for w in stage_walls)} min; training, saving and evaluation; "
+             f"{os.cpu_count()} CPU cores on the timing machine).", ""]
     for fam, rec in records.items():
         ev = rec["evaluation"]
         stages = rec.get("stages", [rec])
@@ -37,6 +40,5 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
         lines.append("")
     lines += ["Accuracy is greedy exact match of the final answer on held-out items (item seed 12345; per domain 200 "
               "clean and 200 cued prompts, budgets and lexicons balanced; the cued ones split by the latent rule and "
-              "about a fifth in the decisive format). Rebuild with `python scripts/train_organism.py` then "
-              "`python scripts/train_organism.py --stage 2`.", ""]
+              "about a fifth in the decisive format). Rebuild both stages with `python scripts/train_organism.py`.", ""]
     return "\n".join(lines)

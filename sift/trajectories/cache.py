@@ -27,9 +27,7 @@ hidden_size, vocab_size.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import struct
 from array import array
 from dataclasses import dataclass, field
@@ -45,39 +43,6 @@ from sift.provenance import content_hash
 FORMAT = "sift-trajectories/1"
 MANIFEST = "trajectories.json"
 SHARD_TENSORS = ("desc", "final", "bin_offsets", "n_tokens", "pooled", "scalars", "answer_logp", "profile")
-FULL_HASH_LIMIT = 512 * 1024 * 1024  # larger files are fingerprinted by size + first and last 8 MiB
-
-
-def file_sha256(path: str | Path, limit: int | None = FULL_HASH_LIMIT) -> str:
-    """Streamed SHA-256 of a file (size + head and tail only for files above ``limit``)."""
-    path = Path(path)
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
-        if limit is not None and size > limit:
-            h.update(str(size).encode())
-            h.update(fh.read(8 << 20))
-            fh.seek(size - (8 << 20))
-            h.update(fh.read())
-        else:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    return h.hexdigest()
-
-
-def model_fingerprint(name_or_path: str) -> str:
-    """Content fingerprint of a model folder or file (config, tokenizer, weights); the name for hub models."""
-    p = Path(os.path.expanduser(name_or_path))
-    if p.is_file():
-        return file_sha256(p)[:16]
-    if p.is_dir():
-        parts = []
-        for f in sorted(p.rglob("*")):
-            if f.is_file() and not f.name.startswith(".") and f.suffix in (".json", ".safetensors", ".bin", ".model",
-                                                                            ".gguf", ".txt", ".pt"):
-                parts.append((str(f.relative_to(p)), file_sha256(f)))
-        return content_hash(parts)
-    return content_hash(["hub", name_or_path])
 
 
 def safe_name(name: str) -> str:

@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from sift import __version__
 from sift.errors import SiftError
+from sift.provenance import file_sha256, model_fingerprint
 from sift.trajectories import cache as C
 from sift.trajectories.extract import SCALAR_NAMES, ExtractConfig, Extractor, model_dims
 from sift.trajectories.interventions import profile_names
@@ -201,7 +202,7 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
         raise SiftError(f"{corpus_dir / 'traces.jsonl'}: traces of {missing} but `models` has no entry for them "
                         f"(models: {', '.join(models) or 'none'})")
     index.offsets = {m: index.offsets[m] for m in wanted if m in index.offsets}
-    corpus_sha = C.file_sha256(corpus_dir / "traces.jsonl", limit=None)
+    corpus_sha = file_sha256(corpus_dir / "traces.jsonl", limit=None)
     mods, toks, keys, meta, info = {}, {}, {}, {}, {}
     for m in index.offsets:
         model, tok = (loaded or {}).get(m) or _load(models[m], dtype)
@@ -209,7 +210,7 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
         _check_corpus_vs_model(corpus_dir, index, m, models[m], dims, tok)
         if not overwrite:
             _check_cache_vs_model(out_dir, m, models[m], dims)
-        fp = C.model_fingerprint(models[m])
+        fp = model_fingerprint(models[m])
         keys[m] = C.cache_key(corpus_sha, fp, m, cfg.key_fields())
         mods[m], toks[m] = model, tok
         ex_channels = Extractor(model, cfg, tokenizer=tok).channels
