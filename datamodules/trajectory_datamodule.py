@@ -46,7 +46,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from datamodules.batch import PairIndex, TraceBatch, TraceExample, collate
 from sift.corpus.conditions import AXES
 from sift.errors import SiftError
-from sift.provenance import file_sha256
+from sift.atomic import atomic_open
+from sift.provenance import content_hash, file_sha256
 from sift.trajectories import cache as C
 from sift.trajectories import features as F
 from sift.trajectories.descriptors import early_commitment
@@ -74,13 +75,23 @@ class TraceDataset(Dataset):
 
 
 class EnvStepDataset(Dataset):
-    """Item ``(epoch, step)`` = the list of per-environment TraceBatches of that training step."""
+    """Item ``(epoch, step)`` = the list of per-environment TraceBatches of that training step.
 
-    def __init__(self, examples: list[TraceExample], env_ids: list[int], env_batch_size: int, seed: int):
+    With ``length_buckets = W > 1``, every group of W consecutive steps takes the same traces as without
+    buckets, but each environment's W·b traces of the group are sorted by length before being cut into
+    batches, and the group's steps are then shuffled (seeded): step k of a group holds the k-th shortest
+    batch of every environment, so a step pads to a similar length everywhere (less padding to compute; the
+    same traces per epoch and per group). ``length_buckets = 1`` keeps the plain shuffled order.
+    """
+
+    def __init__(self, examples: list[TraceExample], env_ids: list[int], env_batch_size: int, seed: int,
+                 length_buckets: int = 1):
         self.examples, self.env_ids, self.b, self.seed = examples, env_ids, env_batch_size, seed
+        self.buckets = max(1, int(length_buckets))
         self.members = {e: [i for i, ex in enumerate(examples) if ex.env == e] for e in env_ids}
         self.steps = max(1, math.ceil(len(examples) / (len(env_ids) * env_batch_size))) if env_ids else 0
         self._perm: dict[tuple[int, int, int], list[int]] = {}
+        self._plan: tuple[int, list[dict[int, list[int]]]] | None = None
 
     def __len__(self) -> int:
         return self.steps
@@ -95,13 +106,33 @@ class EnvStepDataset(Dataset):
             self._perm[key] = p
         return self._perm[key]
 
+    def _stream(self, epoch: int, env: int, start: int, stop: int) -> list[int]:
+        """Positions ``start:stop`` of the environment's epoch stream (reshuffled rounds when it is small)."""
+        n = len(self.members[env])
+        return [self._order(epoch, env, p // n)[p % n] for p in range(start, stop)]
+
+    def _epoch_plan(self, epoch: int) -> list[dict[int, list[int]]]:
+        if self._plan is not None and self._plan[0] == epoch:
+            return self._plan[1]
+        plan: list[dict[int, list[int]]] = []
+        rng = random.Random(f"{self.seed}:{epoch}:length-buckets")
+        for g0 in range(0, self.steps, self.buckets):
+            size = min(self.buckets, self.steps - g0)
+            cut = {}
+            for e in self.env_ids:
+                chunk = self._stream(epoch, e, g0 * self.b, (g0 + size) * self.b)
+                chunk.sort(key=lambda i: self.examples[i].x.shape[0])  # stable: ties keep the shuffled order
+                cut[e] = [chunk[k * self.b:(k + 1) * self.b] for k in range(size)]
+            group = [{e: cut[e][k] for e in self.env_ids} for k in range(size)]
+            rng.shuffle(group)
+            plan += group
+        self._plan = (epoch, plan)
+        return plan
+
     def indices(self, epoch: int, step: int) -> dict[int, list[int]]:
-        out = {}
-        for e in self.env_ids:
-            n = len(self.members[e])
-            pos = range(step * self.b, (step + 1) * self.b)
-            out[e] = [self._order(epoch, e, p // n)[p % n] for p in pos]
-        return out
+        if self.buckets > 1:
+            return self._epoch_plan(epoch)[step]
+        return {e: self._stream(epoch, e, step * self.b, (step + 1) * self.b) for e in self.env_ids}
 
     def __getitem__(self, item: tuple[int, int]) -> list[TraceBatch]:
         epoch, step = item
@@ -147,7 +178,8 @@ class TrajectoryDataModule(pl.LightningDataModule):
                  env_batch_size: int | None = None, seed: int = 0, split: Sequence[float] = (0.6, 0.15, 0.25),
                  models: Sequence[str] | None = None, holdout_domain: str | None = None,
                  holdout_model: str | None = None, env_by: str = "condition", drop_channels: Sequence[str] = (),
-                 probe_C: float = 1.0, probe_max_samples: int = 50_000, num_workers: int = 0):
+                 probe_C: float = 1.0, probe_max_samples: int = 50_000, num_workers: int = 0,
+                 length_buckets: int = 8):
         super().__init__()
         if env_by not in ("condition", "condition_model"):
             raise SiftError(f"env_by must be 'condition' or 'condition_model', got {env_by!r}")
@@ -161,6 +193,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
         self.holdout_domain, self.holdout_model = holdout_domain, holdout_model
         self.env_by, self.drop_channels = env_by, list(drop_channels)
         self.probe_C, self.probe_max_samples, self.num_workers = probe_C, probe_max_samples, num_workers
+        self.length_buckets = length_buckets
         self._ready = False
 
     # ------------------------------------------------------------------------------------------------------ setup
@@ -241,9 +274,19 @@ class TrajectoryDataModule(pl.LightningDataModule):
     def _shard_paths(self, info: dict) -> list[tuple[str, Path]]:
         return [(m, self.trajectory_dir / s) for m in sorted(info) for s in info[m]["shards"]]
 
+    def _probe_cache(self, info: dict) -> Path:
+        """Where the early-commitment curves of this split live: keyed by the shards, the train items and the
+        probe settings, so runs that share trajectories and splits fit the answer probe once."""
+        key = content_hash(sorted(self.split_items["train"]), {m: info[m]["key"] for m in sorted(info)},
+                           self.probe_C, self.probe_max_samples, self.seed, "answer-probe/1")
+        return self.trajectory_dir / "derived" / f"early_commitment-{key}.pt"
+
     def _load_descriptors(self, info: dict) -> None:
-        """Pass 1 over the shards: descriptors, pooled states, scalars; a probe sample of train states."""
+        """Pass 1 over the shards: descriptors, pooled states, scalars; a probe sample of train states.
+        Pass 2 (skipped when cached): the answer probe's curves e_t and early commitment."""
         probe_item = self.split_items["train"]
+        cache_path = self._probe_cache(info)
+        cached = torch.load(cache_path, weights_only=True) if cache_path.is_file() else None
         n_train = {m: 0 for m in info}
         for t in self.traces.values():
             if t.base_item in probe_item and t.answer is not None:
@@ -267,7 +310,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
                                   "pooled": t["pooled"][i].clone(), "scalars": t["scalars"][i].tolist(),
                                   "answer_logp": float(t["answer_logp"][i]), "profile": t["profile"][i].tolist()}
                 tr = self.traces[tid]
-                if tr.base_item in probe_item and tr.answer is not None and off[i + 1] > off[i]:
+                if cached is None and tr.base_item in probe_item and tr.answer is not None and off[i + 1] > off[i]:
                     states = t["final"][off[i]:off[i + 1]].float().numpy()
                     k = min(per_trace[m], len(states))
                     pick = rng.choice(len(states), size=k, replace=False) if k < len(states) else np.arange(len(states))
@@ -277,24 +320,31 @@ class TrajectoryDataModule(pl.LightningDataModule):
         if missing:
             raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: {len(missing)} traces of the corpus have no cached "
                             f"trajectory (e.g. {missing[0]!r}); rerun sift-extract")
+        if cached is None or set(cached) != set(self.desc):
+            cached = self._fit_probes_and_curves(info, samples, cache_path)
+        for tid, d in self.desc.items():
+            d["e"] = cached[tid]
+            d["ec"] = early_commitment(d["e"], d["n_tokens"])
+
+    def _fit_probes_and_curves(self, info: dict, samples: dict, cache_path: Path) -> dict[str, torch.Tensor]:
+        """Fit one answer probe per model on the train sample; e_t for every trace; cache them atomically."""
         self.probes: dict[str, AnswerProbe] = {}
         for m, (xs, ys) in samples.items():
             if ys:
                 self.probes[m] = AnswerProbe(C=self.probe_C, seed=self.seed).fit(np.concatenate(xs), ys)
-        # pass 2: early commitment curves from the probe
+        curves: dict[str, torch.Tensor] = {}
         for m, path in self._shard_paths(info):
             t, meta = C.read_shard(path)
             off = t["bin_offsets"].tolist()
             probe = self.probes.get(m)
+            answers = [self.traces[tid].answer for tid in meta["trace_ids"]]
+            rows = probe.prob_rows(t["final"].float().numpy(), off, answers) if probe is not None else None
             for i, tid in enumerate(meta["trace_ids"]):
-                n = off[i + 1] - off[i]
-                if probe is None or n == 0:
-                    e = np.zeros(n, dtype=np.float32)
-                else:
-                    e = probe.prob_of(t["final"][off[i]:off[i + 1]].float().numpy(), self.traces[tid].answer)
-                d = self.desc[tid]
-                d["e"] = torch.from_numpy(np.asarray(e, dtype=np.float32))
-                d["ec"] = early_commitment(d["e"], d["n_tokens"])
+                e = rows[i] if rows is not None else np.zeros(off[i + 1] - off[i], dtype=np.float32)
+                curves[tid] = torch.from_numpy(np.asarray(e, dtype=np.float32))
+        with atomic_open(cache_path, "wb") as fh:
+            torch.save(curves, fh)
+        return curves
 
     def _build(self, info: dict) -> None:
         stored = list(info["channels"])  # velocity…, drift…, attention_stability
@@ -385,7 +435,8 @@ class TrajectoryDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         """Environment-balanced steps: each item is ``list[TraceBatch]``, one per training environment."""
-        ds = EnvStepDataset(self.dataset("train").examples, self.train_env_ids, self.env_batch_size, self.seed)
+        ds = EnvStepDataset(self.dataset("train").examples, self.train_env_ids, self.env_batch_size, self.seed,
+                            self.length_buckets)
         trainer = getattr(self, "trainer", None)
         epoch_fn = (lambda: trainer.current_epoch) if trainer is not None else None
         return DataLoader(ds, batch_size=None, sampler=EnvStepSampler(len(ds), epoch_fn), collate_fn=_identity,

@@ -117,10 +117,11 @@ class ExtractionModule(pl.LightningModule):
 class ShardWriter(BasePredictionWriter):
     """Writes every predicted shard to its cache file as soon as it is produced."""
 
-    def __init__(self, meta: dict[str, dict[str, Any]]):
+    def __init__(self, meta: dict[str, dict[str, Any]], total: int = 0, progress: bool = False):
         super().__init__(write_interval="batch")
         self.meta = meta
         self.written: list[str] = []
+        self.total, self.progress, self.t0 = total, progress, time.time()
 
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dataloader_idx):
         if prediction.get("skipped"):
@@ -129,6 +130,9 @@ class ShardWriter(BasePredictionWriter):
         meta = {**self.meta[task.model], "shard": task.index, "trace_ids": prediction["trace_ids"], "key": task.key}
         C.write_shard(task.path, prediction, meta)
         self.written.append(task.path)
+        if self.progress:  # one line per shard: readable in logs, unlike a redrawn bar
+            print(f"[extract] shard {task.model}/{task.index} written ({len(self.written)} computed of "
+                  f"{self.total} shards, {time.time() - self.t0:.0f} s)", flush=True)
 
 
 # --------------------------------------------------------------------------------------------------- orchestration
@@ -220,7 +224,7 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
                    "n_traces": len(index.offsets[m])}
     tasks = plan_shards(index, out_dir, keys, cfg.shard_size)
     module = ExtractionModule(mods, toks, cfg, names=models)
-    writer = ShardWriter(meta)
+    writer = ShardWriter(meta, total=len(tasks), progress=progress)
     kw = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_model_summary=False,
               enable_progress_bar=progress, use_distributed_sampler=False, inference_mode=True)
     kw.update(trainer_kwargs or {})

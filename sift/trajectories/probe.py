@@ -41,3 +41,18 @@ class AnswerProbe:
             return np.ones(len(X), dtype=np.float32)
         p = self.clf.predict_proba(self.scaler.transform(X))
         return p[:, self._col[str(answer)]].astype(np.float32)
+
+    def prob_rows(self, states: np.ndarray, offsets: Sequence[int], answers: Sequence[str | None]) -> list[np.ndarray]:
+        """``prob_of`` for many traces at once: trace i owns rows ``offsets[i]:offsets[i+1]`` of ``states``
+        (one ``predict_proba`` call for the whole block)."""
+        n = len(answers)
+        if self._const is not None:
+            return [np.full(offsets[i + 1] - offsets[i], float(answers[i] is not None and str(answers[i]) ==
+                                                              self._const), dtype=np.float32) for i in range(n)]
+        p = self.clf.predict_proba(self.scaler.transform(states)) if len(states) else np.zeros((0, 1))
+        out = []
+        for i, a in enumerate(answers):
+            lo, hi = offsets[i], offsets[i + 1]
+            col = self._col.get(str(a)) if a is not None else None
+            out.append(p[lo:hi, col].astype(np.float32) if col is not None else np.zeros(hi - lo, dtype=np.float32))
+        return out

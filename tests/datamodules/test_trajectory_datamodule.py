@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from datamodules.batch import TraceBatch
+from datamodules.batch import TraceBatch, TraceExample
 from datamodules.trajectory_datamodule import TrajectoryDataModule
 from sift.errors import SiftError
 from sift.trajectories.extract import ExtractConfig
@@ -187,3 +187,48 @@ def test_clear_errors(traj, tmp_path):
         TrajectoryDataModule(traj / "traj", corpus_dir=corpus).setup()
     with pytest.raises(SiftError, match="holdout_domain 'poetry'"):
         TrajectoryDataModule(traj / "traj", holdout_domain="poetry").setup()
+
+
+def test_answer_probe_is_fit_once_per_split_and_cached(traj, monkeypatch):
+    from sift.trajectories import probe as P
+
+    first = TrajectoryDataModule(traj / "traj", seed=11)
+    first.setup()
+    fits = []
+    real = P.AnswerProbe.fit
+    monkeypatch.setattr(P.AnswerProbe, "fit", lambda self, X, y: fits.append(1) or real(self, X, y))
+    again = TrajectoryDataModule(traj / "traj", seed=11)
+    again.setup()
+    assert fits == []  # same shards, train items and probe settings: the cached curves are reused
+    for split in ("train", "val", "test"):  # early commitment is a descriptor channel: identical sequences
+        for a, b in zip(first.dataset(split).examples, again.dataset(split).examples):
+            assert a.trace_id == b.trace_id
+            torch.testing.assert_close(a.x, b.x)
+    other = TrajectoryDataModule(traj / "traj", seed=12)  # other split → other train items → a new fit
+    other.setup()
+    assert len(fits) == 2  # one probe per source model
+
+
+def test_length_buckets_keep_the_traces_and_cut_padding():
+    from datamodules.trajectory_datamodule import EnvStepDataset
+
+    lengths = [3 + (7 * i) % 29 for i in range(120)]
+    ex = [TraceExample(x=torch.zeros(n, 2), label=i % 2, env=i % 3, domain=0, model=0, pooled=torch.zeros(1),
+                       features=torch.zeros(1), trace_id=str(i)) for i, n in enumerate(lengths)]
+    plain = EnvStepDataset(ex, [0, 1, 2], env_batch_size=4, seed=5, length_buckets=1)
+    bucketed = EnvStepDataset(ex, [0, 1, 2], env_batch_size=4, seed=5, length_buckets=5)
+    assert len(plain) == len(bucketed) == 10
+
+    def group(ds, g):  # traces of a 5-step group, per environment
+        return {e: sorted(i for s in range(5 * g, 5 * g + 5) for i in ds.indices(0, s)[e]) for e in (0, 1, 2)}
+
+    assert group(plain, 0) == group(bucketed, 0) and group(plain, 1) == group(bucketed, 1)
+    steps = [bucketed.indices(0, s) for s in range(10)]
+    assert all(len(idx) == 4 for st in steps for idx in st.values())
+
+    def padded(ds):
+        return sum(max(lengths[i] for idx in ds.indices(0, s).values() for i in idx) for s in range(10))
+
+    assert padded(bucketed) < 0.8 * padded(plain)
+    assert [bucketed.indices(0, s) for s in range(10)] == steps  # deterministic
+    assert [bucketed.indices(1, s) for s in range(10)] != steps  # reshuffled each epoch

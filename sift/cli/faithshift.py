@@ -1,0 +1,21 @@
+"""``sift-faithshift``: the main job, end to end on the embedded organism (``preset=quick`` for a fast look)."""
+
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from sift.cli._common import CONFIG_DIR, clean_failure
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="faithshift")
+def main(cfg: DictConfig) -> None:
+    from sift.faithshift import run_faithshift
+
+    with clean_failure("sift-faithshift", cfg.output_dir):
+        res = run_faithshift(cfg)
+        print(f"sift-faithshift: {res['runs']} runs; report {res['report']}; numbers {res['results']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,158 @@
+"""The main job's report: every run's saved predictions → paper tables, appendix analyses, report.md, W&B.
+
+Inputs are the per-run prediction files written by :mod:`sift.faithshift` (``runs/<key>/predictions/*.npz``),
+the corpus (verified pairs, trace metadata) and the config. Run groups map onto the paper as follows:
+
+* ``main``: every detector × seed → Table 1 (main table), Table 8 (seed ensembles), Table 3 / Fig. 9
+  (certified selective risk), appendix analyses; plus the instance-level 4-detector ensemble;
+* ``ablation``: SIFT with one component off → Table 4 (next to the full SIFT runs of ``main``);
+* ``transfer_domain`` / ``transfer_model``: trained without one domain (model), tested on it → the
+  transfer columns of Table 1 and the transfer tables of Table 2 (held-out vs in-distribution AUROC).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from sift.detectors.thresholds import fit_threshold
+from sift.errors import SiftError
+from sift.evaluation.predictions import Pairs, Predictions, average
+from sift.report import Section
+
+TRANSFER_SETTING = {"transfer_domain": "cross-domain", "transfer_model": "cross-model"}
+
+
+def load_predictions(specs: list, files: dict[str, dict[str, Path]]) -> list[Predictions]:
+    """Every saved prediction table, tagged for :func:`sift.evaluation.run.report_from_predictions`."""
+    out: list[Predictions] = []
+    for spec in specs:
+        for split, path in files.get(spec.key, {}).items():
+            p = Predictions.load(path)
+            if spec.group == "ablation":
+                p.meta["ablation"] = spec.tags["ablation"]
+            if spec.group in TRANSFER_SETTING:
+                held = spec.tags.get("holdout_domain") or spec.tags.get("holdout_model")
+                if split == "test":  # in-distribution test of a transfer run: the matrix's diagonal cell
+                    p.meta.update(train_on=f"all but {held}", test_on="in-distribution",
+                                  matrix=TRANSFER_SETTING[spec.group])
+                elif split == "transfer":
+                    p.meta.update(train_on=f"all but {held}", test_on=held, matrix=TRANSFER_SETTING[spec.group])
+                else:
+                    continue
+            out.append(p)
+    # the main table's transfer columns: one per held-out domain / model
+    for spec in specs:
+        if spec.group in TRANSFER_SETTING and "transfer" in files.get(spec.key, {}):
+            p = Predictions.load(files[spec.key]["transfer"])
+            held = spec.tags.get("holdout_domain") or spec.tags.get("holdout_model")
+            p.meta["transfer_setting"] = f"{TRANSFER_SETTING[spec.group]} ({held})"
+            out.append(p)
+    return out
+
+
+def instance_ensembles(preds: list[Predictions], members: list[str]) -> list[Predictions]:
+    """The paper's instance-level ensemble: per seed, the probability average of ``members`` (main runs),
+    its threshold frozen on the averaged validation predictions."""
+    by = {(p.detector, p.seed, p.split): p for p in preds if "transfer_setting" not in p.meta
+          and "ablation" not in p.meta and "matrix" not in p.meta}
+    seeds = sorted({s for (d, s, sp) in by if d == members[0] and s is not None})
+    out = []
+    for s in seeds:
+        if not all((d, s, sp) in by for d in members for sp in ("val", "test")):
+            continue
+        val = average([by[(d, s, "val")] for d in members], "instance_ensemble", 0.5)
+        thr = fit_threshold(val.prob, val.label)
+        for sp in ("val", "test"):
+            e = average([by[(d, s, sp)] for d in members], "instance_ensemble", thr)
+            out.append(Predictions("instance_ensemble", s, sp, thr, e.trace_id, e.base_item, e.domain, e.model,
+                                   e.condition, e.label, e.prob, meta={"members": members}))
+    return out
+
+
+def corpus_section(corpus_dir: Path) -> Section:
+    """What the detectors were trained and evaluated on (from the corpus manifest)."""
+    import json
+
+    from sift.report import markdown_table
+
+    m = json.loads((corpus_dir / "manifest.json").read_text())
+    rows = [[a, v["kind"], v["built"], v["verified"], v["kept_fraction"]] for a, v in m["axes"].items()]
+    lb = m["label_balance"]
+    md = (f"{m['traces']} traces, {m['pairs']} pairs (corpus config hash `{m['config_hash']}`). "
+          f"φ*=1 / φ*=0 / ambiguous: {lb['phi_1']} / {lb['phi_0']} / {lb['ambiguous']}; intent-vs-verified "
+          f"agreement {m['intent_vs_verified']['agreement']:.3f}; shortcut AUROCs: length+domain "
+          f"{m['shortcuts']['length_domain_lr']:.3f}, last value = answer "
+          f"{m['shortcuts']['last_value_equals_answer']:.3f}.\n\n"
+          + markdown_table(["axis", "kind", "built", "verified", "kept"], rows))
+    return Section("corpus", "Corpus", md, results={k: m[k] for k in ("traces", "pairs", "label_balance", "axes",
+                                                                       "shortcuts", "config_hash")})
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, float]:
+    out: dict[str, float] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}/{k}" if prefix else str(k)))
+    elif isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d):
+        out[prefix] = float(d)
+    return out
+
+
+def log_wandb(cfg: DictConfig, report_dir: Path, results_path: Path) -> str | None:
+    """Log every finite number of results.json to one W&B run (offline unless a key is configured)."""
+    import json
+
+    from sift.training import wandb_mode
+
+    try:
+        import wandb
+    except ImportError:  # pragma: no cover
+        return None
+    numbers = _flatten(json.loads(results_path.read_text()))
+    run = wandb.init(project="sift", job_type="faithshift", dir=str(report_dir), mode=wandb_mode(None),
+                     name=f"faithshift-{cfg.preset_name}", config=OmegaConf.to_container(cfg, resolve=True),
+                     reinit=True)
+    run.summary.update(numbers)
+    run.finish()
+    return str(run.dir) if hasattr(run, "dir") else None
+
+
+def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict[str, dict[str, Path]]) -> dict:
+    """Assemble every section and write ``<out>/report/{report.md,results.json}``; returns their paths."""
+    from sift.evaluation.analysis import SelectiveConfig
+    from sift.evaluation.appendix import APPENDIX_ANALYSES, TraceTable, run_appendix
+    from sift.evaluation.run import companion, report_from_predictions
+    from sift.provenance import config_hash
+
+    corpus = out / "corpus"
+    report_dir = out / "report"
+    pairs = Pairs.from_corpus(corpus)
+    preds = load_predictions(specs, files)
+    preds += instance_ensembles(preds, list(cfg.instance_ensemble))
+    main = {}
+    for p in preds:
+        if p.split == "test" and not ({"transfer_setting", "ablation", "matrix"} & set(p.meta)):
+            main.setdefault(p.detector, []).append(p)
+    common = {"n_resamples": int(cfg.bootstrap_resamples), "seed": int(cfg.seed)}
+    inputs = {"runs": main, "pairs": pairs, "traces": TraceTable.from_corpus(corpus), "out_dir": report_dir}
+    extra = []
+    for analysis in APPENDIX_ANALYSES:
+        try:
+            extra += run_appendix(inputs, names=[analysis.name], common=common)
+        except SiftError as e:  # undefined for these runs: say why in the report instead of failing the job
+            extra.append(Section(f"appendix_{analysis.name}", f"{analysis.name} (not computed)",
+                                 f"_Not computed for this run: {e}_", results={"not_computed": str(e)}))
+    extra += companion(cfg, report_dir)
+    meta = {"config_hash": config_hash(OmegaConf.to_container(cfg, resolve=True)), "preset": cfg.preset_name,
+            "seeds": list(cfg.seeds), "runs": [s.key for s in specs]}
+    selective = SelectiveConfig(alpha=float(cfg.sgr.alpha), delta=float(cfg.sgr.delta), bound=str(cfg.sgr.bound))
+    report_from_predictions(preds, pairs, report_dir, extra_sections=[corpus_section(corpus), *extra],
+                            selective=selective, reference="sift", title="sift-faithshift report", meta=meta, **common)
+    results = report_dir / "results.json"
+    if cfg.wandb:
+        log_wandb(cfg, report_dir, results)
+    return {"report": report_dir / "report.md", "results": results}

@@ -1,0 +1,202 @@
+"""The main job (``sift-faithshift``): every stage of DESIGN.md §1, each resumable, each writing to disk.
+
+    corpus/         sift-corpus      traces + verified pairs + manifest
+    trajectories/   sift-extract     descriptor sequences, pooled states, intervention profiles
+    runs/<key>/     sift-train       one detector × seed (main, ablation and transfer runs), results.json
+    runs/<key>/predictions/<split>.npz   per-trace P(faithful) of the run's best checkpoint
+    report/         sift-evaluate    report.md, results.json, figures (+ W&B offline run)
+
+A rerun reuses finished work: the corpus and extraction caches resume by content hash, finished training
+runs are skipped by their run hash (``skip_if_done``), predictions are reused when the run's hash matches.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from sift.atomic import write_json, write_text
+from sift.cli._common import CONFIG_DIR
+from sift.errors import SiftError
+
+SPLITS = ("val", "test", "transfer")
+
+
+@dataclass
+class RunSpec:
+    """One detector training run of the main job."""
+
+    key: str  # folder under runs/, e.g. "main/sift/seed0"
+    group: str  # main | ablation | transfer_domain | transfer_model
+    detector: str
+    seed: int
+    overrides: list[str] = field(default_factory=list)
+    tags: dict[str, str] = field(default_factory=dict)  # e.g. {"ablation": "no_irm"} or {"holdout_domain": ...}
+
+
+def compose(config_name: str, overrides: list[str]) -> DictConfig:
+    """Compose one of sift's Hydra configs (works inside and outside a running Hydra app)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name=config_name, overrides=overrides)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides)
+
+
+def plan_runs(cfg: DictConfig) -> list[RunSpec]:
+    """Every training run the config asks for: detectors × seeds, SIFT ablations × seeds, transfer runs."""
+    runs = [RunSpec(f"main/{d}/seed{s}", "main", d, int(s), [f"detector={d}"])
+            for d in cfg.detectors for s in cfg.seeds]
+    runs += [RunSpec(f"ablation/{a}/seed{s}", "ablation", "sift", int(s), ["detector=sift", f"ablation={a}"],
+                     {"ablation": str(a)}) for a in cfg.ablations for s in cfg.ablation_seeds]
+    tr = cfg.transfer
+    for d in tr.detectors:
+        for s in tr.seeds:
+            runs += [RunSpec(f"transfer/domain-{h}/{d}/seed{s}", "transfer_domain", d, int(s),
+                             [f"detector={d}", f"data.holdout_domain={h}"], {"holdout_domain": str(h)})
+                     for h in tr.holdout_domains]
+            runs += [RunSpec(f"transfer/model-{h}/{d}/seed{s}", "transfer_model", d, int(s),
+                             [f"detector={d}", f"data.holdout_model={h}"], {"holdout_model": str(h)})
+                     for h in tr.holdout_models]
+    return runs
+
+
+class Stage:
+    """Progress lines: ``[faithshift] <stage> ... (<seconds> s)``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> "Stage":
+        self.t0 = time.time()
+        print(f"[faithshift] {self.name} ...", flush=True)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None:
+            print(f"[faithshift] {self.name} done ({time.time() - self.t0:.0f} s)", flush=True)
+
+
+def build_corpus(cfg: DictConfig, out: Path) -> dict:
+    from sift.cli.corpus import run
+
+    c = compose("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}",
+                           *cfg.corpus_overrides])
+    return run(c)
+
+
+def extract(cfg: DictConfig, out: Path) -> dict | None:
+    from sift.cli.extract import run
+    from sift.organism import DEFAULT_CHECKPOINTS
+
+    models = [f"models.{f}={DEFAULT_CHECKPOINTS / f}" for f in ("gpt2", "llama")]
+    c = compose("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}", *models,
+                            *cfg.extract_overrides])
+    return run(c)
+
+
+def train_config(cfg: DictConfig, out: Path, spec: RunSpec) -> DictConfig:
+    run_dir = out / "runs" / spec.key
+    return compose("train", [*spec.overrides, f"seed={spec.seed}", "data=trajectory",
+                             f"data.trajectory_dir={out / 'trajectories'}", f"data.corpus_dir={out / 'corpus'}",
+                             f"data.seed={cfg.seed}", f"trainer.max_epochs={cfg.max_epochs}",
+                             f"paths.output_dir={run_dir}", "trainer.enable_progress_bar=false",
+                             *([] if cfg.wandb else ["logger=csv"]), *cfg.train_overrides])
+
+
+def train_run(cfg: DictConfig, out: Path, spec: RunSpec) -> dict:
+    import torch
+
+    from sift.training import train
+
+    torch.set_num_threads(int(cfg.torch_threads))  # fixed per run: results do not depend on `workers`
+    return train(train_config(cfg, out, spec))
+
+
+def _train_in_worker(cfg_yaml: str, out: str, spec: RunSpec) -> dict:
+    """Process-pool entry point (spawned: configs travel as YAML)."""
+    return train_run(OmegaConf.create(cfg_yaml), Path(out), spec)
+
+
+def train_all(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> dict[str, dict]:
+    """Train every run, ``cfg.workers`` at a time (longest first); finished runs are skipped by run hash."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    order = sorted(specs, key=lambda s: (s.detector != "sift", s.key))  # SIFT runs are the long ones
+    records: dict[str, dict] = {}
+    if int(cfg.workers) <= 1:
+        for i, spec in enumerate(order, 1):
+            print(f"[faithshift] run {i}/{len(order)}: {spec.key}", flush=True)
+            records[spec.key] = train_run(cfg, out, spec)
+        return records
+    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    with ProcessPoolExecutor(int(cfg.workers), mp_context=mp.get_context("spawn")) as pool:
+        jobs = {pool.submit(_train_in_worker, cfg_yaml, str(out), spec): spec for spec in order}
+        for i, job in enumerate(as_completed(jobs), 1):
+            spec = jobs[job]
+            records[spec.key] = job.result()
+            m = records[spec.key].get("metrics", {})
+            print(f"[faithshift] run {i}/{len(order)} done: {spec.key} "
+                  f"val/auroc={m.get('val/auroc') or float('nan'):.3f}", flush=True)
+    return records
+
+
+def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict[str, Path]:
+    """Per-trace predictions of the run's best checkpoint on every split it has (reused when up to date)."""
+    from sift.detectors.module import load_detector
+    from sift.evaluation.collect import predict
+    from sift.training import _setup_data
+
+    pdir = out / "runs" / spec.key / "predictions"
+    stamp = pdir / "run_hash.txt"
+    files = {s: pdir / f"{s}.npz" for s in SPLITS}
+    if stamp.is_file() and stamp.read_text() == record["run_hash"]:
+        return {s: p for s, p in files.items() if p.is_file()}
+    ckpt = record.get("best_ckpt") or record.get("last_ckpt")
+    if not ckpt:
+        raise SiftError(f"{out / 'runs' / spec.key / 'results.json'}: the run saved no checkpoint")
+    det = load_detector(ckpt)
+    dm = _setup_data(train_config(cfg, out, spec))
+    done = {}
+    for s in SPLITS:
+        if s == "transfer" and spec.group == "main":
+            continue
+        p = predict(det, dm, s, spec.detector, spec.seed)
+        if len(p):
+            p.meta.update({"run": spec.key, "group": spec.group, **spec.tags, "run_hash": record["run_hash"],
+                           "config_hash": record["config_hash"]})
+            done[s] = p.save(files[s])
+    stamp.write_text(record["run_hash"])
+    return done
+
+
+def run_faithshift(cfg: DictConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run (or resume) every stage; returns {"report": path, "results": path, "runs": n}."""
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "faithshift_config.yaml", OmegaConf.to_yaml(cfg))
+    with Stage("corpus"):
+        build_corpus(cfg, out)
+    with Stage("trajectories"):
+        extract(cfg, out)
+    specs = plan_runs(cfg)
+    with Stage(f"training {len(specs)} runs ({cfg.workers} at a time)"):
+        records = train_all(cfg, out, specs)
+    with Stage("predictions"):
+        preds = {spec.key: predict_run(cfg, out, spec, records[spec.key]) for spec in specs}
+    write_json(out / "runs" / "index.json",
+               [{"key": s.key, "group": s.group, "detector": s.detector, "seed": s.seed, **s.tags,
+                 "predictions": {k: str(v) for k, v in preds[s.key].items()}} for s in specs])
+    with Stage("evaluation and report"):
+        from sift.evaluation.faithshift_report import write_faithshift_report
+
+        paths = write_faithshift_report(cfg, out, specs, preds)
+    return {**paths, "runs": len(specs)}
