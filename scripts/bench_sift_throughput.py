@@ -1,13 +1,28 @@
 #!/usr/bin/env python
-"""SIFT inference throughput (traces/s) at the paper architecture (Table 7).
+"""SIFT inference throughput (traces/s) at the paper architecture (Table 7), reference vs fast paths.
 
-    python scripts/bench_sift_throughput.py                      # CPU, batch 512, T=64, C=9, all threads
-    python scripts/bench_sift_throughput.py --threads 1 --lengths random
-    python scripts/bench_sift_throughput.py --device cuda
+    python scripts/bench_sift_throughput.py                          # CPU, batch 512, T=64 full length, C=9
+    python scripts/bench_sift_throughput.py --lengths /tmp/traj750   # lengths of a real trajectory cache
+    python scripts/bench_sift_throughput.py --impl fast int8 --threads 1 --iters 20
+    python scripts/bench_sift_throughput.py --device cuda --impl reference
 
-Defaults: T_max = 64 steps and C = 9 channels (the organism: 4 blocks → 3 velocities, 4 drifts, EC,
-attention stability). ``--lengths full`` times every trace at T_max (worst case); ``random`` draws lengths
-uniformly in [T_max/4, T_max] (padding is skipped by the transformer's nested-tensor fast path in eval).
+Implementations (``--impl``, several allowed; default all three):
+
+* ``reference``: ``SIFTNet.eval()`` under ``torch.inference_mode`` (the training module; torch's nested-tensor
+  fast path skips padding inside the transformer);
+* ``fast``: :class:`sift.detectors.fast_inference.SIFTInference`, the same function (BatchNorm folded, one fused
+  TCN convolution, SDPA, length-bucketed chunks); the script checks it against ``reference`` on the timed batch
+  (max |Δlogit| printed; it fails above 1e-4);
+* ``int8``: ``fast`` with dynamic int8 quantisation of every Linear (approximate; max |ΔP| vs fp32 printed).
+
+Lengths (``--lengths``): ``full`` (every trace T_max steps, the worst case), ``random`` (uniform in
+[T_max/4, T_max]), or a path: a trajectory cache written by ``sift-extract`` (number of binned steps per
+trace, from the shards' ``bin_offsets``) or a corpus ``traces.jsonl`` (CoT token count per trace clamped to
+T_max, which is what extraction bins to). Lengths are drawn from that distribution for the batch.
+
+Defaults: T_max = 64 steps (``configs/extract.yaml``) and C = 9 channels (the organism: 4 blocks → 3 velocities,
+4 drifts, EC, attention stability). Reported: wall-clock traces/s (median of ``--iters`` batches) and traces
+per CPU-second of this process (on a shared machine, the rate the busy wall clock cannot show).
 """
 
 from __future__ import annotations
@@ -15,68 +30,147 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 import torch
 
 
-def main(argv: list[str] | None = None) -> dict:
+def lengths_from(path: str, t_max: int) -> tuple[torch.Tensor, int | None]:
+    """Per-trace step counts from a trajectory cache folder (shards) or a corpus ``traces.jsonl``;
+    also the cache's channel count (None for a corpus)."""
+    p = Path(path)
+    if p.is_dir():
+        from safetensors import safe_open
+
+        shards = sorted(p.rglob("shard-*.safetensors"))
+        if not shards:
+            raise SystemExit(f"bench: no shard-*.safetensors under {p}")
+        ns, channels = [], None
+        for s in shards:
+            with safe_open(str(s), "pt") as f:
+                off = f.get_tensor("bin_offsets")
+                meta = f.metadata() or {}
+            ns.append(off[1:] - off[:-1])
+            if channels is None and "channels" in meta:
+                channels = len(json.loads(meta["channels"]))
+        return torch.cat(ns).clamp(max=t_max), channels
+    n = []
+    with open(p) as fh:
+        for line in fh:
+            r = json.loads(line)
+            a, b = r["cot_span"]
+            n.append(int(b) - int(a))
+    return torch.tensor(n).clamp(min=1, max=t_max), None
+
+
+def _time(fn, x, mask, iters: int, warmup: int, sync) -> tuple[list[float], list[float]]:
+    for _ in range(warmup):
+        fn(x, mask)
+    sync()
+    wall, cpu = [], []
+    for _ in range(iters):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn(x, mask)
+        sync()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return sorted(wall), sorted(cpu)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--t-max", type=int, default=64)
-    ap.add_argument("--channels", type=int, default=9)
+    ap.add_argument("--channels", type=int, default=None, help="default: the cache's, else 9")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--lengths", choices=("full", "random"), default="full")
+    ap.add_argument("--lengths", default="full", help="full | random | PATH (trajectory cache or traces.jsonl)")
+    ap.add_argument("--impl", nargs="+", choices=("reference", "fast", "int8"),
+                    default=["reference", "fast", "int8"])
+    ap.add_argument("--chunk", type=int, default=128, help="fast/int8: traces per length bucket (0 = one)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--json", action="store_true", help="print one JSON line only")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true", help="print one JSON line per implementation only")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    from sift.detectors.features import organism_channel_names
+    from sift.detectors.fast_inference import SIFTInference
     from sift.detectors.sift_model import SIFTNet
 
-    torch.manual_seed(0)
+    torch.manual_seed(a.seed)
     dev = torch.device(a.device)
-    net = SIFTNet(a.channels).to(dev).eval()
-    x = torch.randn(a.batch, a.t_max, a.channels, device=dev)
+    g = torch.Generator().manual_seed(a.seed)
+    cache_channels = None
     if a.lengths == "full":
-        lengths = torch.full((a.batch,), a.t_max, device=dev)
+        lengths = torch.full((a.batch,), a.t_max)
+        src = "full"
+    elif a.lengths == "random":
+        lengths = torch.randint(max(1, a.t_max // 4), a.t_max + 1, (a.batch,), generator=g)
+        src = "random"
     else:
-        lengths = torch.randint(max(1, a.t_max // 4), a.t_max + 1, (a.batch,), device=dev)
-    mask = torch.arange(a.t_max, device=dev)[None, :] < lengths[:, None]
+        pool, cache_channels = lengths_from(a.lengths, a.t_max)
+        lengths = pool[torch.randint(0, len(pool), (a.batch,), generator=g)]
+        src = (f"{a.lengths} (n={len(pool)}, mean {pool.float().mean():.1f}, median {pool.median().item()}, "
+               f"max {pool.max().item()})")
+    C = a.channels or cache_channels or 9
+    T = int(lengths.max())
+    net = SIFTNet(C).to(dev)
+    with torch.no_grad():  # non-trivial BatchNorm statistics (a trained model has them; folding must use them)
+        net.train()
+        for _ in range(3):
+            net(torch.randn(64, 32, C, device=dev) * 1.5 + 0.2, torch.ones(64, 32, dtype=torch.bool, device=dev))
+    net.eval()
+    x = torch.randn(a.batch, T, C, device=dev, generator=None)
+    mask = torch.arange(T, device=dev)[None, :] < lengths.to(dev)[:, None]
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    with torch.inference_mode():
-        for _ in range(a.warmup):
-            net(x, mask)
-        sync()
-        times, cpu = [], []
-        for _ in range(a.iters):
-            t0, c0 = time.perf_counter(), time.process_time()
-            net(x, mask)
-            sync()
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-    times.sort()
-    cpu.sort()
-    med = times[len(times) // 2]
-    cpu_med = cpu[len(cpu) // 2]
-    res = {"traces_per_s": a.batch / med, "batch": a.batch, "t_max": a.t_max, "channels": a.channels,
-           "lengths": a.lengths, "device": str(dev), "threads": torch.get_num_threads(),
-           "median_batch_s": med, "best_traces_per_s": a.batch / times[0],
-           # CPU seconds of this process (all its threads): on a shared machine, batch/cpu_s estimates the
-           # one-core rate the wall clock cannot show (× threads for an idle machine, if scaling were ideal)
-           "traces_per_cpu_s": a.batch / cpu_med if dev.type == "cpu" and cpu_med > 0 else None,
-           "parameters": sum(p.numel() for p in net.parameters()), "torch": torch.__version__,
-           "channel_names": organism_channel_names(4) if a.channels == 9 else None}
-    if a.json:
-        print(json.dumps(res))
-    else:
-        print(f"SIFT inference: {res['traces_per_s']:,.0f} traces/s (median of {a.iters}; best "
-              f"{res['best_traces_per_s']:,.0f}) on {dev} with {res['threads']} threads, batch {a.batch}, "
-              f"T={a.t_max} ({a.lengths} lengths), C={a.channels}, {res['parameters']:,} parameters"
-              + (f"; {res['traces_per_cpu_s']:,.0f} traces per CPU-second" if res["traces_per_cpu_s"] else ""))
-    return res
+
+    def reference(x, mask):
+        with torch.inference_mode():
+            return net(x, mask)
+
+    impls = {"reference": reference}
+    if "fast" in a.impl or "int8" in a.impl:
+        impls["fast"] = SIFTInference(net, chunk=a.chunk).to(dev)
+    if "int8" in a.impl:
+        if dev.type != "cpu":
+            raise SystemExit("bench: --impl int8 (dynamic quantisation) runs on CPU only")
+        impls["int8"] = SIFTInference(net, chunk=a.chunk, int8=True)
+    ref_logits = reference(x, mask)[0]
+    fast_logits = impls["fast"](x, mask)[0] if "fast" in impls else None
+    results = []
+    for name in a.impl:
+        fn = impls[name]
+        check = ""
+        if name == "fast":
+            d = (fast_logits - ref_logits).abs().max().item()
+            if d > 1e-4:
+                raise SystemExit(f"bench: fast path differs from the reference by {d:.2e} (> 1e-4)")
+            check = f"max |Δlogit| vs reference {d:.1e}"
+        elif name == "int8":
+            dp = (torch.sigmoid(fn(x, mask)[0]) - torch.sigmoid(ref_logits)).abs().max().item()
+            check = f"max |ΔP| vs fp32 {dp:.1e}"
+        wall, cpu = _time(fn, x, mask, a.iters, a.warmup, sync)
+        med, cpu_med = wall[len(wall) // 2], cpu[len(cpu) // 2]
+        res = {"impl": name, "traces_per_s": a.batch / med, "best_traces_per_s": a.batch / wall[0],
+               "traces_per_cpu_s": a.batch / cpu_med if dev.type == "cpu" and cpu_med > 0 else None,
+               "batch": a.batch, "t_max": a.t_max, "mean_len": float(lengths.float().mean()),
+               "lengths": src, "channels": C, "device": str(dev), "threads": torch.get_num_threads(),
+               "median_batch_s": med, "check": check, "torch": torch.__version__,
+               "parameters": sum(p.numel() for p in net.parameters())}
+        results.append(res)
+        if a.json:
+            print(json.dumps(res))
+        else:
+            print(f"SIFT {name:9s}: {res['traces_per_s']:8,.0f} traces/s (median of {a.iters}; best "
+                  f"{res['best_traces_per_s']:,.0f})"
+                  + (f", {res['traces_per_cpu_s']:,.0f} traces/CPU-s" if res["traces_per_cpu_s"] else "")
+                  + (f"; {check}" if check else ""))
+    if not a.json:
+        print(f"  on {dev}, {torch.get_num_threads()} threads, batch {a.batch}, C={C}, T_max={a.t_max}, lengths "
+              f"{src}, batch mean length {res['mean_len']:.1f}, {res['parameters']:,} parameters, torch "
+              f"{torch.__version__}")
+    return results
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ class RunSpec:
     """One detector training run of the main job."""
 
     key: str  # folder under runs/, e.g. "main/sift/seed0"
-    group: str  # main | ablation | transfer_domain | transfer_model
+    group: str  # main | ablation | factorial | transfer_domain | transfer_model
     detector: str
     seed: int
     overrides: list[str] = field(default_factory=list)
@@ -51,11 +51,17 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
 
 
 def plan_runs(cfg: DictConfig) -> list[RunSpec]:
-    """Every training run the config asks for: detectors × seeds, SIFT ablations × seeds, transfer runs."""
+    """Every training run the config asks for: detectors × seeds, SIFT ablations × seeds, the factorial
+    cells, held-out-domain and held-out-model runs."""
     runs = [RunSpec(f"main/{d}/seed{s}", "main", d, int(s), [f"detector={d}"])
             for d in cfg.detectors for s in cfg.seeds]
     runs += [RunSpec(f"ablation/{a}/seed{s}", "ablation", "sift", int(s), ["detector=sift", f"ablation={a}"],
                      {"ablation": str(a)}) for a in cfg.ablations for s in cfg.ablation_seeds]
+    # the factorial design (paper appendix F): the two objective × architecture cells the main runs lack
+    factorial = {"sift_erm": ("sift", ["detector.use_irm=false", "detector.use_dann=false"]),
+                 "instance_level_irm_dann": ("instance_level", ["detector.use_irm=true", "detector.use_dann=true"])}
+    runs += [RunSpec(f"factorial/{name}/seed{s}", "factorial", det, int(s), [f"detector={det}", *ov],
+                     {"variant": name}) for name, (det, ov) in factorial.items() for s in cfg.factorial_seeds]
     tr = cfg.transfer
     for d in tr.detectors:
         for s in tr.seeds:

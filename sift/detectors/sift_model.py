@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -17,6 +17,9 @@ from torch import nn
 from datamodules.batch import TraceBatch
 from sift.detectors.features import ATTENTION_STABILITY, EARLY_COMMITMENT, keep_channels
 from sift.detectors.module import DetectorModule, Standardizer, mlp
+
+if TYPE_CHECKING:
+    from sift.detectors.fast_inference import SIFTDetectorInference
 
 # eval-mode nn.TransformerEncoder skips padding through nested tensors; torch warns that their API is a prototype
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
@@ -164,6 +167,20 @@ class SIFTDetector(DetectorModule):
 
     def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.net(self._inputs(batch), batch.mask)
+
+    def inference_engine(self, *, chunk: int = 128, int8: bool = False) -> "SIFTDetectorInference":
+        """A frozen fast-inference snapshot (BN folded, one fused TCN conv, length-bucketed chunks; see
+        :mod:`sift.detectors.fast_inference`): ``engine.probs(batch)`` equals ``self(batch)`` in eval mode
+        (allclose). ``int8=True`` adds dynamic int8 quantisation of the Linear layers (approximate). The
+        detector itself is left unchanged; build a new engine after further training."""
+        from sift.detectors.fast_inference import SIFTDetectorInference
+
+        was = self.training
+        self.eval()
+        try:
+            return SIFTDetectorInference(self, chunk=chunk, int8=int8)
+        finally:
+            self.train(was)
 
     def fit_input_stats(self, batches: Iterable[TraceBatch]) -> None:
         if self.standardizer is None:

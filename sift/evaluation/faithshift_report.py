@@ -6,6 +6,8 @@ the corpus (verified pairs, trace metadata) and the config. Run groups map onto 
 * ``main``: every detector × seed → Table 1 (main table), Table 8 (seed ensembles), Table 3 / Fig. 9
   (certified selective risk), appendix analyses; plus the instance-level 4-detector ensemble;
 * ``ablation``: SIFT with one component off → Table 4 (next to the full SIFT runs of ``main``);
+* ``factorial``: SIFT without IRM/DANN and the instance-level MLP with them → rows of their own and the
+  2×2×2 decomposition of appendix F;
 * ``transfer_domain`` / ``transfer_model``: trained without one domain (model), tested on it → the
   transfer columns of Table 1 and the transfer tables of Table 2 (held-out vs in-distribution AUROC).
 """
@@ -34,6 +36,8 @@ def load_predictions(specs: list, files: dict[str, dict[str, Path]]) -> list[Pre
             p = Predictions.load(path)
             if spec.group == "ablation":
                 p.meta["ablation"] = spec.tags["ablation"]
+            if spec.group == "factorial":  # its own row (e.g. sift_erm), as the factorial analysis names it
+                p.detector = spec.tags["variant"]
             if spec.group in TRANSFER_SETTING:
                 held = spec.tags.get("holdout_domain") or spec.tags.get("holdout_model")
                 if split == "test":  # in-distribution test of a transfer run: the matrix's diagonal cell
@@ -142,7 +146,8 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     extra = []
     for analysis in APPENDIX_ANALYSES:
         try:
-            extra += run_appendix(inputs, names=[analysis.name], common=common)
+            extra += run_appendix(inputs, names=[analysis.name], common=common,
+                                  options={"label_noise": {"n_resamples": min(200, common["n_resamples"])}})
         except SiftError as e:  # undefined for these runs: say why in the report instead of failing the job
             extra.append(Section(f"appendix_{analysis.name}", f"{analysis.name} (not computed)",
                                  f"_Not computed for this run: {e}_", results={"not_computed": str(e)}))

@@ -23,6 +23,9 @@ from sift.metrics.selective import (
     RiskCoverageCurve,
     SGRResult,
     confidence_gate,
+    risk_at_coverage,
+    risk_upper_bound,
+    select_top,
     sgr,
 )
 from sift.metrics.significance import BHResult, McNemarResult, benjamini_hochberg, mcnemar
@@ -52,6 +55,9 @@ __all__ = [
     "ivr_lower_bound",
     "ivr_per_axis",
     "mcnemar",
+    "risk_at_coverage",
+    "risk_upper_bound",
+    "select_top",
     "meta_faithfulness_score",
     "seed_repeat_decomposition",
     "sgr",

@@ -142,3 +142,42 @@ def sgr(
         reason="",
         curve=curve,
     )
+
+
+def select_top(confidence: ArrayLike, coverage: float) -> np.ndarray:
+    """Boolean mask of the ⌈coverage·n⌉ traces with the highest gate ρ (coverage-matched selection, paper
+    App. C.7.3). Ties in ρ are broken by position (stable sort), so exactly ⌈κn⌉ traces are kept."""
+    rho = as_finite("confidence", confidence)
+    check_unit("coverage", coverage)
+    n = rho.size
+    k = int(math.ceil(coverage * n - 1e-9))
+    keep = np.zeros(n, dtype=bool)
+    if k:
+        keep[np.argsort(-rho, kind="mergesort")[:k]] = True
+    return keep
+
+
+def risk_at_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float) -> float:
+    """Empirical selective risk (error rate) among the ⌈coverage·n⌉ most confident traces (:func:`select_top`).
+
+    This is the coverage-indexed risk–coverage curve (the paper's Fig. 9 x-axis); no threshold is
+    certified here, see :func:`sgr` for that. Zero selected traces: NaN with a warning.
+    """
+    ok = as_binary("correct", correct)
+    keep = select_top(confidence, coverage)
+    same_length(confidence=keep, correct=ok)
+    if not keep.any():
+        return undefined(f"selective risk undefined at coverage {coverage}: no trace selected")
+    return float(1.0 - ok[keep].mean())
+
+
+def risk_upper_bound(errors: int, n: int, delta: float, bound: Literal["clopper-pearson", "normal"] =
+                     "clopper-pearson") -> float:
+    """One-sided (1 − δ) upper confidence bound on an error rate from ``errors`` of ``n`` (the bound SGR uses)."""
+    check_unit("delta", delta, open_interval=True)
+    if bound not in ("clopper-pearson", "normal"):
+        raise SiftError(f"bound must be 'clopper-pearson' or 'normal', got {bound!r}")
+    if n <= 0:
+        return undefined("risk bound undefined: no selected traces")
+    ub = _upper_bounds(np.array([errors]), np.array([n]), delta, bound)
+    return float(ub[0])

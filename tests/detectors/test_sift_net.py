@@ -137,3 +137,22 @@ def test_unknown_channel_or_domain_kind_is_a_clear_error():
         SIFTDetector(**{**DATA, "channel_names": CH[:-1]}, use_attention_stability=False)
     with pytest.raises(SiftError, match="dann_domain"):
         SIFTDetector(**DATA, dann_domain="task")
+
+
+@pytest.mark.parametrize("preset,check", [
+    ("no_tcn", lambda m: m.net.tcn is None),
+    ("no_transformer", lambda m: m.net.encoder is None),
+    ("no_irm", lambda m: m.use_irm is False),
+    ("no_dann", lambda m: m.domain_classifier is None),
+    ("no_attention_stability", lambda m: ATTENTION_STABILITY not in m.kept_channels and m.in_channels == 8),
+    ("no_early_commitment", lambda m: EARLY_COMMITMENT not in m.kept_channels and m.in_channels == 8),
+])
+def test_ablation_presets_switch_off_their_component(compose_train, preset, check):
+    """`sift-train ablation=<preset>` builds the detector without that component (configs/ablation/)."""
+    from sift.training import instantiate_node
+
+    full = instantiate_node(compose_train("detector=sift").detector, drop=(), **DATA)
+    m = instantiate_node(compose_train("detector=sift", f"ablation={preset}").detector, drop=(), **DATA)
+    assert check(m) and not check(full)
+    if preset not in ("no_irm",):  # IRM has no parameters; the others remove weights
+        assert n_parameters(m) < n_parameters(full)

@@ -1,4 +1,4 @@
-"""Fixtures for detector tests: offline W&B, no git calls, composed train configs pointed at tmp_path."""
+"""Shared test fixtures: offline W&B, no git calls, composed train configs pointed at tmp_path."""
 
 from __future__ import annotations
 

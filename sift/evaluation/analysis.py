@@ -1,0 +1,313 @@
+"""Per-run computations shared by the report tables: aligned pair arrays, fast resampled metrics, SGR.
+
+A :class:`RunData` holds one :class:`Predictions` run (traces) with the verified pairs whose two traces it has,
+encoded against a common list of base items so that the cluster bootstrap can resample base items once for
+all runs of a table (paper §7.1: 1,000 resamples stratified by base item). ``RunData.stats(items)`` computes
+every per-run number on the traces and pairs of the drawn base items (with multiplicity).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from sift.errors import SiftError
+from sift.evaluation.metrics import harmonic_mfs
+from sift.evaluation.predictions import Pairs, Predictions
+from sift.metrics import SGRResult, UndefinedMetricWarning, cluster_bootstrap, sgr
+
+NAN = math.nan
+
+
+@dataclass(frozen=True)
+class SelectiveConfig:
+    """SGR parameters (DESIGN §7): target risk α, failure probability δ, bound, candidate grid (None: default)."""
+
+    alpha: float = 0.25
+    delta: float = 0.05
+    bound: str = "clopper-pearson"
+    candidates: tuple[float, ...] | None = None
+
+    def run(self, rho: np.ndarray, correct: np.ndarray, alpha: float | None = None) -> SGRResult:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UndefinedMetricWarning)
+            return sgr(rho, correct, self.alpha if alpha is None else alpha, self.delta,
+                       None if self.candidates is None else list(self.candidates), self.bound)  # type: ignore[arg-type]
+
+
+def fast_auroc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Mann–Whitney AUROC with average ranks for ties (equal to ``sklearn.metrics.roc_auc_score``); NaN for a
+    single class. Used inside bootstrap loops, where sklearn's input checks dominate the run time."""
+    n1 = int(labels.sum())
+    n0 = labels.size - n1
+    if n1 == 0 or n0 == 0:
+        return NAN
+    order = np.argsort(scores, kind="mergesort")
+    ss = scores[order]
+    new = np.empty(ss.size, dtype=bool)
+    new[0] = True
+    np.not_equal(ss[1:], ss[:-1], out=new[1:])
+    grp = np.cumsum(new) - 1
+    counts = np.bincount(grp)
+    ends = np.cumsum(counts)
+    avg = (2 * ends - counts + 1) / 2.0  # 1-based average rank of each tie group
+    r = np.empty(ss.size)
+    r[order] = avg[grp]
+    return float((r[labels == 1].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n0))
+
+
+class Items:
+    """A fixed list of base items (cluster ids) and, per table of rows, the rows of each item (CSR)."""
+
+    def __init__(self, names: Sequence[str]):
+        self.names = np.array(sorted(set(map(str, names))), dtype=object)
+        self.code = {n: i for i, n in enumerate(self.names.tolist())}
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def index(self, row_items: Sequence[str]) -> "RowIndex":
+        codes = np.array([self.code[str(b)] for b in row_items], dtype=np.int64)
+        return RowIndex(codes, len(self))
+
+
+class RowIndex:
+    """Rows grouped by item code: ``rows(drawn)`` = concatenated rows of the drawn items (with repeats)."""
+
+    def __init__(self, codes: np.ndarray, n_items: int):
+        self.order = np.argsort(codes, kind="mergesort")
+        self.sizes = np.bincount(codes, minlength=n_items)
+        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
+        self.n = codes.size
+
+    def rows(self, drawn: np.ndarray | None) -> np.ndarray:
+        if drawn is None:
+            return np.arange(self.n)
+        lens = self.sizes[drawn]
+        total = int(lens.sum())
+        if total == 0:
+            return np.zeros(0, dtype=np.int64)
+        offsets = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
+        return self.order[np.repeat(self.starts[drawn], lens) + offsets]
+
+
+@dataclass
+class RunData:
+    """One run's traces and aligned pairs. ``t_star`` is the SGR threshold on ρ (inf if infeasible)."""
+
+    pred: Predictions
+    axes: list[str]
+    sgr: SGRResult | None = None
+    t_star: float = math.inf
+    # trace arrays
+    prob: np.ndarray = field(init=False)
+    label: np.ndarray = field(init=False)
+    verdict: np.ndarray = field(init=False)
+    rho: np.ndarray = field(init=False)
+    correct: np.ndarray = field(init=False)
+    # pair arrays (pairs with both traces in the run)
+    p_src: np.ndarray = field(init=False)
+    p_dst: np.ndarray = field(init=False)
+    p_axis: np.ndarray = field(init=False)  # index into axes, -1 for altering
+    p_alt: np.ndarray = field(init=False)  # altering pair with a label change
+    p_items: np.ndarray = field(init=False)
+    trace_index: RowIndex | None = None
+    pair_index: RowIndex | None = None
+
+    def __post_init__(self) -> None:
+        p = self.pred
+        self.prob, self.label = p.prob, p.label
+        self.verdict = p.verdict
+        self.rho = p.confidence
+        self.correct = p.correct
+        self.p_src = self.p_dst = self.p_axis = np.zeros(0, dtype=np.int64)
+        self.p_alt = np.zeros(0, dtype=bool)
+        self.p_items = np.zeros(0, dtype=object)
+        self.p_ylab = (np.zeros(0, int), np.zeros(0, int))
+
+    def attach_pairs(self, pairs: Pairs | None) -> "RunData":
+        if pairs is None or len(pairs) == 0:
+            return self
+        src, dst, keep = pairs.rows(self.pred)
+        kind = pairs.kind[keep]
+        axis = pairs.axis[keep]
+        lookup = {a: i for i, a in enumerate(self.axes)}
+        self.p_src, self.p_dst = src[keep], dst[keep]
+        self.p_axis = np.array([lookup.get(str(a), -1) if k == "preserving" else -1 for a, k in zip(axis, kind)],
+                               dtype=np.int64)
+        ys, yd = pairs.phi_source[keep].astype(int), pairs.phi_shifted[keep].astype(int)
+        self.p_alt = (kind == "altering") & (ys != yd)
+        self.p_ylab = (ys, yd)
+        self.p_items = pairs.base_item[keep]
+        return self
+
+    def certify(self, cfg: SelectiveConfig, calib: Predictions | None = None) -> "RunData":
+        """SGR threshold on ρ calibrated on ``calib`` (e.g. the validation split) or, without it, on this run's
+        own traces (in-sample, as the paper's Table 3 reports it)."""
+        src = calib if calib is not None else self.pred
+        self.sgr = cfg.run(src.confidence, src.correct)
+        self.t_star = self.sgr.threshold if self.sgr.feasible else math.inf
+        return self
+
+    def index(self, items: Items) -> "RunData":
+        self.trace_index = items.index(self.pred.base_item)
+        self.pair_index = items.index(self.p_items)
+        return self
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.p_src.size)
+
+    # -------------------------------------------------------------------------------------------- statistics
+    def pair_rates(self, prow: np.ndarray, sel: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
+        """Per-axis IVR (len(axes)), macro-mean IVR and AS on pair rows ``prow`` (optionally masked)."""
+        if sel is not None:
+            prow = prow[sel]
+        a = self.p_axis[prow]
+        vs, vd = self.verdict[self.p_src[prow]], self.verdict[self.p_dst[prow]]
+        pres = a >= 0
+        k = len(self.axes)
+        cnt = np.bincount(a[pres], minlength=k).astype(float)
+        viol = np.bincount(a[pres], weights=(vs[pres] != vd[pres]).astype(float), minlength=k)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per = np.where(cnt > 0, viol / np.maximum(cnt, 1), NAN)
+        ivr = float(per[cnt > 0].mean()) if np.any(cnt > 0) else NAN
+        alt = self.p_alt[prow]
+        if alt.any():
+            ys, yd = self.p_ylab[0][prow][alt], self.p_ylab[1][prow][alt]
+            as_ = float(np.mean((vd[alt] - vs[alt]) == (yd - ys)))
+        else:
+            as_ = NAN
+        return per, ivr, as_
+
+    def stats(self, drawn: np.ndarray | None = None) -> dict[str, Any]:
+        """Every per-run number on the traces/pairs of the drawn items (None: all)."""
+        trow = self.trace_index.rows(drawn) if self.trace_index is not None else np.arange(len(self.pred))
+        prow = self.pair_index.rows(drawn) if self.pair_index is not None else np.arange(self.n_pairs)
+        out: dict[str, Any] = {"auroc": fast_auroc(self.prob[trow], self.label[trow]) if trow.size else NAN}
+        per, ivr, as_ = self.pair_rates(prow)
+        out["ivr_axes"] = per
+        out.update(ivr=ivr, as_=as_, mfs=harmonic_mfs(ivr, as_, 1.0))
+        if self.sgr is not None:
+            cov = float(np.mean(self.rho[trow] >= self.t_star)) if trow.size else NAN
+            cert = (self.rho[self.p_src[prow]] >= self.t_star) & (self.rho[self.p_dst[prow]] >= self.t_star)
+            _, civr, cas = self.pair_rates(prow, cert)
+            out.update(coverage=cov, cert_ivr=civr, cert_as=cas,
+                       cert_mfs=harmonic_mfs(civr, cas, cov) if self.sgr.feasible else NAN)
+        return out
+
+
+def bootstrap_vector(fn: Callable[[np.ndarray | None], np.ndarray], n_items: int, n_resamples: int,
+                     seed: int = 0, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Estimate and percentile CI of every component of a vector statistic of the drawn base items.
+
+    Draws come from :func:`sift.metrics.cluster_bootstrap` over the item list (each item one cluster), so all
+    components of one replicate share the same resample. ``fn(None)`` is the full-data estimate. With
+    ``n_resamples=0`` the CI is NaN. NaN replicates are ignored per component.
+    """
+    est = np.asarray(fn(None), dtype=float)
+    if n_resamples <= 0 or n_items == 0:
+        nan = np.full(est.shape, NAN)
+        return est, nan, nan.copy()
+    reps: list[np.ndarray] = []
+    first = [True]
+
+    def stat(idx: np.ndarray) -> float:
+        if first[0]:  # cluster_bootstrap's own full-data call
+            first[0] = False
+            return 0.0
+        reps.append(np.asarray(fn(idx), dtype=float))
+        return 0.0
+
+    cluster_bootstrap(stat, np.arange(n_items), n_resamples, seed, confidence)
+    arr = np.vstack(reps) if reps else np.full((1,) + est.shape, NAN)
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        low, high = np.nanpercentile(arr, [tail, 100.0 - tail], axis=0)
+    return est, np.asarray(low, float), np.asarray(high, float)
+
+
+def common_items(*preds_lists: Sequence[Predictions], pairs: Pairs | None = None) -> Items:
+    names: set[str] = set()
+    for lst in preds_lists:
+        for p in lst:
+            names.update(map(str, p.base_item.tolist()))
+    if pairs is not None:
+        names.update(map(str, pairs.base_item.tolist()))
+    return Items(sorted(names))
+
+
+def preserving_axes(pairs: Pairs | None, order: Sequence[str] | None = None) -> list[str]:
+    """Preserving axes present in ``pairs`` (FaithShift order first, then alphabetical)."""
+    if pairs is None or len(pairs) == 0:
+        return []
+    present = {str(a) for a, k in zip(pairs.axis, pairs.kind) if k == "preserving"}
+    if order is None:
+        try:
+            from sift.corpus.conditions import AXES as order  # type: ignore[no-redef]
+        except Exception:  # pragma: no cover
+            order = []
+    first = [a for a in order if a in present]
+    return first + sorted(present - set(first))
+
+
+def group_runs(runs: dict[str, list[Predictions]]) -> dict[str, list[Predictions]]:
+    """Rows of a table: each detector's seed runs under its name; runs with seed None (ensembles) under
+    ``"<name> (ensemble)"`` unless the name already says ensemble."""
+    out: dict[str, list[Predictions]] = {}
+    for name, lst in runs.items():
+        if not isinstance(lst, (list, tuple)):
+            lst = [lst]
+        seeds = [p for p in lst if p.seed is not None]
+        ens = [p for p in lst if p.seed is None]
+        if seeds:
+            out.setdefault(name, []).extend(seeds)
+        if ens:
+            en = name if ("ensemble" in name.lower()) and not seeds else f"{name} (ensemble)"
+            out.setdefault(en, []).extend(ens)
+    return {k: v for k, v in out.items() if v}
+
+
+def match_calibration(run: Predictions, calib: dict[str, list[Predictions]] | None, name: str) -> Predictions | None:
+    """The calibration (validation) predictions of the same detector and seed, if given."""
+    if not calib:
+        return None
+    cands = calib.get(name) or calib.get(run.detector) or []
+    if not isinstance(cands, (list, tuple)):
+        cands = [cands]
+    for c in cands:
+        if c.seed == run.seed:
+            return c
+    return None
+
+
+def check_same_split(runs: dict[str, list[Predictions]]) -> None:
+    splits = {p.split for lst in runs.values() for p in lst}
+    if len(splits) > 1:
+        raise SiftError(f"runs mix predictions of several splits {sorted(splits)}; pass one split per table")
+
+
+def fmt(v: float, digits: int = 3) -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
+
+
+def fmt_ci(est: float, low: float, high: float, digits: int = 3) -> str:
+    if est is None or math.isnan(est):
+        return "—"
+    if low is None or math.isnan(low) or math.isnan(high):
+        return fmt(est, digits)
+    return f"{est:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def num(v: Any) -> float | None:
+    """JSON-friendly number (NaN/inf → None)."""
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None

@@ -1,0 +1,362 @@
+"""Shared machinery of the appendix analyses: seed stacks, pair rows, certified IVR/AS/MFS at an operating
+point, the joint trace+pair cluster bootstrap, corpus trace tables, and formatting.
+
+Conventions (DESIGN.md §7): verdict 1 = faithful (prob ≥ frozen threshold); gate ρ = max(s, 1 − s); IVR over
+verified preserving pairs; AS = the verdict moves in the direction of the verified label change, over
+verified altering pairs; on a certified subset a pair counts only when both its traces are certified, and
+MFS = κ·HM(1 − IVR, AS) with κ the share of traces certified. With several seeds every number is the mean
+over seeds of the per-seed value (the paper's "mean over four seeds"); CIs resample base items (all seeds
+together) with the vector cluster bootstrap of :mod:`sift.metrics.appendix_helpers`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from sift.errors import SiftError
+from sift.evaluation.predictions import Pairs, Predictions
+from sift.metrics.appendix_helpers import BootstrapMany, coverage_threshold
+
+# ----------------------------------------------------------------------------------------------- seed stacks
+
+
+@dataclass(eq=False)
+class SeedStack:
+    """The seeds of one detector aligned on common traces: ``prob``/``verdict``/``rho`` are [S, N]."""
+
+    name: str
+    trace_id: np.ndarray
+    base_item: np.ndarray
+    domain: np.ndarray
+    model: np.ndarray
+    condition: np.ndarray
+    label: np.ndarray
+    prob: np.ndarray
+    threshold: np.ndarray  # [S]
+    seeds: list
+
+    @property
+    def verdict(self) -> np.ndarray:
+        return (self.prob >= self.threshold[:, None]).astype(int)
+
+    @property
+    def rho(self) -> np.ndarray:
+        return np.maximum(self.prob, 1.0 - self.prob)
+
+    @property
+    def n_seeds(self) -> int:
+        return self.prob.shape[0]
+
+    def index(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.trace_id.tolist())}
+
+    def with_prob(self, prob: np.ndarray, threshold: np.ndarray, name: str | None = None) -> "SeedStack":
+        return SeedStack(name or self.name, self.trace_id, self.base_item, self.domain, self.model, self.condition,
+                         self.label, np.atleast_2d(prob), np.atleast_1d(threshold), self.seeds)
+
+
+def stack_runs(name: str, runs: Predictions | Sequence[Predictions]) -> SeedStack:
+    """Align the seeds of one detector on the traces all of them cover (first seed's order)."""
+    runs = [runs] if isinstance(runs, Predictions) else list(runs)
+    if not runs:
+        raise SiftError(f"{name}: no predictions")
+    ref = runs[0]
+    common = set(ref.trace_id.tolist())
+    for r in runs[1:]:
+        common &= set(r.trace_id.tolist())
+    keep = np.array([t in common for t in ref.trace_id.tolist()], bool)
+    if not keep.any():
+        raise SiftError(f"{name}: the seeds share no trace")
+    tid = ref.trace_id[keep]
+    probs = []
+    for r in runs:
+        idx = r.index()
+        rows = np.array([idx[t] for t in tid.tolist()], int)
+        if not np.array_equal(r.label[rows], ref.label[keep]):
+            raise SiftError(f"{name}: seeds {ref.seed} and {r.seed} disagree on verified labels")
+        probs.append(r.prob[rows])
+    return SeedStack(name, tid, ref.base_item[keep], ref.domain[keep], ref.model[keep], ref.condition[keep],
+                     ref.label[keep], np.array(probs), np.array([r.threshold for r in runs], float),
+                     [r.seed for r in runs])
+
+
+# ------------------------------------------------------------------------------------------------ pair rows
+
+
+@dataclass(eq=False)
+class PairRows:
+    """Pairs of one kind whose both traces a stack has, as row indices into the stack."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    axis: np.ndarray
+    base_item: np.ndarray
+    phi_src: np.ndarray
+    phi_dst: np.ndarray
+    source_id: np.ndarray
+    shifted_id: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def subset(self, mask: np.ndarray) -> "PairRows":
+        return PairRows(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+
+
+def pair_rows(stack: SeedStack, pairs: Pairs, kind: str) -> PairRows:
+    p = pairs.select(kind=kind)
+    idx = stack.index()
+    keep = np.array([s in idx and t in idx for s, t in zip(p.source_id.tolist(), p.shifted_id.tolist())], bool)
+    src = np.array([idx[s] for s in p.source_id[keep].tolist()], int)
+    dst = np.array([idx[t] for t in p.shifted_id[keep].tolist()], int)
+    return PairRows(src, dst, p.axis[keep].astype(str), p.base_item[keep].astype(str),
+                    p.phi_source[keep].astype(int), p.phi_shifted[keep].astype(int),
+                    p.source_id[keep].astype(str), p.shifted_id[keep].astype(str))
+
+
+@dataclass(eq=False)
+class JointRows:
+    """Traces, preserving pairs and altering pairs stacked as one row set for the base-item bootstrap."""
+
+    n_traces: int
+    n_pres: int
+    n_alt: int
+    groups: np.ndarray
+
+    @classmethod
+    def of(cls, stack: SeedStack, pres: PairRows, alt: PairRows) -> "JointRows":
+        groups = np.concatenate([stack.base_item.astype(str), pres.base_item, alt.base_item])
+        return cls(len(stack.trace_id), len(pres), len(alt), groups)
+
+    def split(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        a, b = self.n_traces, self.n_traces + self.n_pres
+        return idx[idx < a], idx[(idx >= a) & (idx < b)] - a, idx[idx >= b] - b
+
+
+# ------------------------------------------------------------------------------------- certified metrics
+
+
+def _mean_or_nan(x: np.ndarray) -> float:
+    return float(np.mean(x)) if x.size else math.nan
+
+
+def mfs(ivr: float, as_: float, kappa: float) -> float:
+    """κ·2(1−IVR)·AS/((1−IVR)+AS) (sift.metrics.meta_faithfulness_score without the warnings); NaN-safe."""
+    if any(math.isnan(v) for v in (ivr, as_, kappa)):
+        return math.nan
+    inv = 1.0 - ivr
+    return 0.0 if inv + as_ == 0 else kappa * 2.0 * inv * as_ / (inv + as_)
+
+
+def operating_metrics(
+    verdict: np.ndarray,
+    rho: np.ndarray,
+    pres: PairRows,
+    alt: PairRows,
+    it: np.ndarray,
+    ip: np.ndarray,
+    ia: np.ndarray,
+    *,
+    coverage: float | None = None,
+    gate: float | None = None,
+    alt_labels: tuple[np.ndarray, np.ndarray] | None = None,
+    pres_mask: np.ndarray | None = None,
+    alt_mask: np.ndarray | None = None,
+) -> tuple[float, float, float, float]:
+    """(IVR, AS, κ, MFS) of one seed on rows (it, ip, ia) at an operating point.
+
+    ``coverage`` κ: gate threshold = the matched-coverage threshold of ρ over the traces ``it``; ``gate``:
+    a fixed gate threshold; neither: full coverage (everything certified). A pair counts when both its
+    traces are certified. ``alt_labels`` (before, after) replace the pairs' verified labels in AS (label
+    noise); pairs whose labels do not differ are left out of AS. ``pres_mask``/``alt_mask`` further
+    restrict the pairs.
+    """
+    if coverage is not None:
+        t = coverage_threshold(rho[it], coverage)
+    elif gate is not None:
+        t = gate
+    else:
+        t = -math.inf
+    cert = rho >= t
+    kappa = _mean_or_nan(cert[it].astype(float)) if it.size else math.nan
+    ps, pd = pres.src[ip], pres.dst[ip]
+    keep_p = cert[ps] & cert[pd]
+    if pres_mask is not None:
+        keep_p &= pres_mask[ip]
+    ivr = _mean_or_nan((verdict[ps] != verdict[pd])[keep_p].astype(float))
+    as_, ds = alt.src[ia], alt.dst[ia]
+    lb, la = (alt.phi_src[ia], alt.phi_dst[ia]) if alt_labels is None else (alt_labels[0][ia], alt_labels[1][ia])
+    keep_a = cert[as_] & cert[ds] & (lb != la)
+    if alt_mask is not None:
+        keep_a &= alt_mask[ia]
+    moves = (verdict[ds] - verdict[as_]) == (la - lb)
+    asv = _mean_or_nan(moves[keep_a].astype(float))
+    return ivr, asv, kappa, mfs(ivr, asv, kappa)
+
+
+def seed_mean(values: Sequence[float]) -> float:
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if v.size else math.nan
+
+
+# ------------------------------------------------------------------------------------------ corpus traces
+
+
+@dataclass(eq=False)
+class TraceTable:
+    """Per-trace metadata and candidate spurious features read from a corpus's ``traces.jsonl``.
+
+    ``num`` holds numeric columns ([N] float); ``text`` holds token lists (``cot``, ``prompt``) and ``str``
+    holds string columns (``mechanism``, ``answer``, ``family``, ``language``, ``budget``).
+    """
+
+    trace_id: np.ndarray
+    num: dict[str, np.ndarray]
+    str_: dict[str, np.ndarray]
+    text: dict[str, list[list[str]]]
+
+    def index(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.trace_id.tolist())}
+
+    def rows(self, trace_ids: Sequence[str]) -> np.ndarray:
+        """Row of each trace id (SiftError naming the first missing one)."""
+        idx = self.index()
+        missing = [t for t in trace_ids if t not in idx]
+        if missing:
+            raise SiftError(f"trace {missing[0]!r} (and {len(missing) - 1} more) not in the corpus trace table")
+        return np.array([idx[t] for t in trace_ids], int)
+
+    @classmethod
+    def from_records(cls, records: list[dict]) -> "TraceTable":
+        num: dict[str, list[float]] = {k: [] for k in (
+            "trace_length", "cot_length", "prompt_length", "cue_present", "mentions_cue", "answer_correct",
+            "language_other", "verbose", "edit_follows", "cue_follows")}
+        strs: dict[str, list[str]] = {k: [] for k in ("mechanism", "answer", "family", "language", "budget")}
+        text: dict[str, list[list[str]]] = {"cot": [], "prompt": []}
+
+        def flag(v: Any) -> float:
+            return math.nan if v is None else float(bool(v))
+
+        for r in records:
+            ver = r.get("verification") or {}
+            view = r.get("view") or {}
+            cot = (r.get("cot") or "").split()
+            num["trace_length"].append(float(len(r.get("generated_ids") or cot)))
+            num["cot_length"].append(float(len(cot)))
+            num["prompt_length"].append(float(len(r.get("prompt_ids") or (r.get("prompt") or "").split())))
+            num["cue_present"].append(float(r.get("cue") is not None))
+            num["mentions_cue"].append(flag(ver.get("mentions_cue")))
+            num["answer_correct"].append(flag(r.get("correct")))
+            lang = str(view.get("language", ""))
+            num["language_other"].append(math.nan if not lang else float(lang != "en"))
+            bud = str(view.get("budget", ""))
+            num["verbose"].append(math.nan if not bud else float(bud == "verbose"))
+            num["edit_follows"].append(flag(ver.get("edit_follows")))
+            num["cue_follows"].append(flag(ver.get("cue_follows")))
+            strs["mechanism"].append(mechanism_class(ver))
+            strs["answer"].append(str(r.get("answer")))
+            strs["family"].append(str(r.get("family", r.get("model", ""))))
+            strs["language"].append(lang)
+            strs["budget"].append(bud)
+            text["cot"].append(cot)
+            text["prompt"].append((r.get("prompt") or "").split())
+        return cls(np.array([r["trace_id"] for r in records]), {k: np.array(v, float) for k, v in num.items()},
+                   {k: np.array(v) for k, v in strs.items()}, text)
+
+    @classmethod
+    def from_corpus(cls, corpus_dir: str | Path) -> "TraceTable":
+        from sift.corpus.store import read_jsonl
+
+        path = Path(corpus_dir) / "traces.jsonl"
+        if not path.exists():
+            raise SiftError(f"{path}: no traces file (build the corpus with sift-corpus first)")
+        return cls.from_records(read_jsonl(path))
+
+
+def mechanism_class(verification: dict) -> str:
+    """The causal route to the answer, from a trace's verification record (sift.corpus.verify).
+
+    ``cot``: the answer follows the CoT edit and not the cue; ``cue_stated``/``cue_silent``: it follows the
+    cue, which the CoT does / does not state; ``none``: it follows neither (CoT not load-bearing);
+    ``ambiguous``: both, or a test could not run.
+    """
+    ef, cf = verification.get("edit_follows"), verification.get("cue_follows")
+    if ef and cf:
+        return "ambiguous"
+    if cf:
+        return "cue_stated" if verification.get("mentions_cue") else "cue_silent"
+    if ef:
+        return "cot"
+    if ef is None:
+        return "ambiguous"
+    return "none"
+
+
+# ------------------------------------------------------------------------------------------- formatting
+
+
+def ci(b: BootstrapMany, j: int) -> dict[str, float | None]:
+    return {"estimate": nan_none(b.estimate[j]), "low": nan_none(b.low[j]), "high": nan_none(b.high[j])}
+
+
+def nan_none(v: Any) -> Any:
+    """JSON-safe: NaN/inf → None, numpy scalars → Python."""
+    if isinstance(v, (np.floating, float)):
+        v = float(v)
+        return None if not math.isfinite(v) else v
+    if isinstance(v, np.integer):
+        return int(v)
+    if isinstance(v, dict):
+        return {str(k): nan_none(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [nan_none(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return [nan_none(x) for x in v.tolist()]
+    return v
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    return f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else str(v)
+
+
+def fmt_ci(d: dict[str, Any], digits: int = 3) -> str:
+    """'0.123 [0.100, 0.150]' from a ``ci`` dict."""
+    est = fmt(d.get("estimate"), digits)
+    if d.get("low") is None or d.get("high") is None:
+        return est
+    return f"{est} [{fmt(d['low'], digits)}, {fmt(d['high'], digits)}]"
+
+
+def save_figure(fig: Any, out_dir: str | Path | None, name: str) -> list[str]:
+    """Save a matplotlib figure as ``out_dir/figures/name.png``; return [relative path] (or [] without out_dir)."""
+    import matplotlib.pyplot as plt
+
+    if out_dir is None:
+        plt.close(fig)
+        return []
+    rel = Path("figures") / f"{name}.png"
+    path = Path(out_dir) / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from sift.atomic import atomic_open
+
+    with atomic_open(path, "wb") as fh:
+        fig.savefig(fh, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return [rel.as_posix()]
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt

@@ -1,0 +1,279 @@
+"""torchmetrics versions of the meta-faithfulness metrics, for evaluation during training (DESIGN §7).
+
+Each metric accumulates per-pair (or per-trace) verdicts over batches and reduces across DDP processes through
+its states' ``dist_reduce_fx`` (counts are summed, per-pair records concatenated), so ``compute()`` gives the
+same numbers on every rank as the functional metrics of :mod:`sift.metrics` on the gathered data.
+
+* :class:`InvarianceViolationRate` — IVR per preserving axis and the macro mean (paper eq. 6).
+* :class:`AlterationSensitivity` — AS over verified altering pairs (eq. 7).
+* :class:`SelectiveGuaranteedRisk` — SGR threshold, coverage and bound from per-trace (ρ, correct) (eq. 35).
+* :class:`MetaFaithfulness` — everything at once: IVR per axis, AS and MFS at full coverage, and, with the SGR
+  threshold t* calibrated on the accumulated traces, the certified subset (pairs whose two traces both have
+  ρ ≥ t*): IVR, AS, coverage κ and MFS = κ·2(1−IVR)·AS/((1−IVR)+AS) (eq. 8).
+
+Verdicts are 0/1 (1 = judged faithful), labels the verified φ*. NaN marks an undefined value (no pairs, no
+feasible SGR threshold); these metrics do not warn, unlike the functional ones.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
+
+from sift.errors import SiftError
+
+NAN = float("nan")
+
+
+def _flat(x: Any, dtype: torch.dtype) -> torch.Tensor:
+    return torch.as_tensor(x).detach().reshape(-1).to(dtype)
+
+
+def _axis_ids(axes: Sequence[str], names: Sequence[str] | torch.Tensor, where: str) -> torch.Tensor:
+    """Axis names (or already-mapped ids) → ids into ``axes``; an unknown name is an error."""
+    if isinstance(names, torch.Tensor):
+        return names.reshape(-1).long()
+    lookup = {a: i for i, a in enumerate(axes)}
+    bad = sorted({str(n) for n in names if str(n) not in lookup})
+    if bad:
+        raise SiftError(f"{where}: axes {bad} are not among the metric's axes {list(axes)}")
+    return torch.tensor([lookup[str(n)] for n in names], dtype=torch.long)
+
+
+class InvarianceViolationRate(Metric):
+    """IVR per preserving axis (fixed list ``axes``) and their unweighted mean. States: per-axis counts (sum)."""
+
+    full_state_update = False
+    higher_is_better = False
+
+    def __init__(self, axes: Sequence[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not axes or "mean" in axes:
+            raise SiftError(f"axes must be a non-empty list without the reserved name 'mean', got {list(axes)}")
+        self.axes = [str(a) for a in axes]
+        self.add_state("n", torch.zeros(len(self.axes), dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("violations", torch.zeros(len(self.axes), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, verdict_source: torch.Tensor, verdict_shifted: torch.Tensor,
+               axis: Sequence[str] | torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        a, b = _flat(verdict_source, torch.long), _flat(verdict_shifted, torch.long)
+        ids = _axis_ids(self.axes, axis, "InvarianceViolationRate").to(a.device)
+        keep = torch.ones_like(a, dtype=torch.bool) if mask is None else _flat(mask, torch.bool).to(a.device)
+        ones = keep.to(torch.float64)
+        self.n.index_add_(0, ids.to(self.n.device), ones.to(self.n.device))
+        self.violations.index_add_(0, ids.to(self.n.device), ((a != b) & keep).to(torch.float64).to(self.n.device))
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        rates = torch.where(self.n > 0, self.violations / self.n.clamp_min(1), torch.full_like(self.n, NAN))
+        out = {a: rates[i].float() for i, a in enumerate(self.axes)}
+        have = rates[self.n > 0]
+        out["mean"] = have.mean().float() if have.numel() else torch.tensor(NAN)
+        return out
+
+
+class AlterationSensitivity(Metric):
+    """AS = share of verified altering pairs whose verdict moves in the direction of the label change.
+    Pairs whose labels do not change are not altering pairs and are left out (as in :mod:`sift.metrics`)."""
+
+    full_state_update = False
+    higher_is_better = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.add_state("n", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("moved", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, verdict_before: torch.Tensor, verdict_after: torch.Tensor, label_before: torch.Tensor,
+               label_after: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        vb, va = _flat(verdict_before, torch.long), _flat(verdict_after, torch.long)
+        lb, la = _flat(label_before, torch.long).to(vb.device), _flat(label_after, torch.long).to(vb.device)
+        keep = (la != lb) if mask is None else (la != lb) & _flat(mask, torch.bool).to(vb.device)
+        self.n += keep.sum().to(torch.float64)
+        self.moved += ((va - vb == la - lb) & keep).sum().to(torch.float64)
+
+    def compute(self) -> torch.Tensor:
+        return (self.moved / self.n).float() if self.n > 0 else torch.tensor(NAN)
+
+
+class SelectiveGuaranteedRisk(Metric):
+    """SGR (paper eq. 35 / App. K.5) on accumulated per-trace gate values ρ and correctness.
+
+    ``compute()`` returns threshold t* (inf when infeasible), coverage, empirical selective risk, bound value
+    and ``feasible`` (0/1), from :func:`sift.metrics.sgr` on the gathered traces.
+    """
+
+    full_state_update = False
+
+    def __init__(self, alpha: float = 0.25, delta: float = 0.05, bound: str = "clopper-pearson",
+                 candidates: Sequence[float] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.alpha, self.delta, self.bound = float(alpha), float(delta), str(bound)
+        self.candidates = None if candidates is None else [float(c) for c in candidates]
+        self.add_state("rho", [], dist_reduce_fx="cat")
+        self.add_state("correct", [], dist_reduce_fx="cat")
+
+    def update(self, rho: torch.Tensor, correct: torch.Tensor) -> None:
+        self.rho.append(_flat(rho, torch.float64))
+        self.correct.append(_flat(correct, torch.long).to(self.rho[-1].device))
+
+    def result(self):
+        """The full :class:`sift.metrics.SGRResult` (curve included) on the gathered traces."""
+        import warnings
+
+        from sift.metrics import UndefinedMetricWarning, sgr
+
+        rho = dim_zero_cat(self.rho).cpu().numpy() if self.rho else np.zeros(0)
+        ok = dim_zero_cat(self.correct).cpu().numpy() if self.correct else np.zeros(0, int)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UndefinedMetricWarning)
+            return sgr(rho, ok, self.alpha, self.delta, self.candidates, self.bound)  # type: ignore[arg-type]
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        r = self.result()
+        return {"threshold": torch.tensor(r.threshold), "coverage": torch.tensor(r.coverage),
+                "risk": torch.tensor(r.selective_risk), "bound": torch.tensor(r.bound_value),
+                "feasible": torch.tensor(float(r.feasible))}
+
+
+def harmonic_mfs(ivr: float, as_: float, coverage: float) -> float:
+    """MFS = κ·2(1−IVR)·AS/((1−IVR)+AS); NaN if any input is NaN; 0 when (1−IVR) + AS = 0."""
+    if any(math.isnan(v) for v in (ivr, as_, coverage)):
+        return NAN
+    inv = 1.0 - ivr
+    return 0.0 if inv + as_ == 0 else coverage * 2.0 * inv * as_ / (inv + as_)
+
+
+class MetaFaithfulness(Metric):
+    """Per-pair records (cat states) + per-trace (ρ, correct) for SGR calibration → IVR/AS/MFS/coverage.
+
+    ``update_pairs(...)`` takes a batch of verified pairs (axis names, kind ``preserving``/``altering``, the
+    detector's verdicts and gate values on both traces, the verified labels); ``update_traces(rho, correct)``
+    takes the calibration traces for SGR (e.g. the whole in-distribution validation split). ``compute()``:
+
+    * ``ivr/<axis>``, ``ivr`` (macro mean over axes with pairs), ``as``, ``mfs`` — full coverage (κ = 1);
+    * ``sgr_threshold`` t*, ``coverage`` κ = share of calibration traces with ρ ≥ t*, ``sgr_risk``,
+      ``sgr_bound``, ``sgr_feasible``;
+    * ``cert/ivr``, ``cert/as``, ``cert/mfs`` — on pairs whose two traces both have ρ ≥ t*, with κ in MFS
+      (DESIGN §7); NaN when SGR is infeasible or no certified pair is left.
+    """
+
+    full_state_update = False
+    higher_is_better = True
+    KINDS = ("preserving", "altering")
+
+    def __init__(self, axes: Sequence[str], alpha: float = 0.25, delta: float = 0.05,
+                 bound: str = "clopper-pearson", candidates: Sequence[float] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.axes = [str(a) for a in axes]
+        if len(set(self.axes)) != len(self.axes) or "mean" in self.axes:
+            raise SiftError(f"axes must be distinct and not 'mean', got {self.axes}")
+        self.alpha, self.delta, self.bound = float(alpha), float(delta), str(bound)
+        self.candidates = None if candidates is None else [float(c) for c in candidates]
+        for name in ("axis", "kind", "v_src", "v_dst", "y_src", "y_dst"):
+            self.add_state(name, [], dist_reduce_fx="cat")
+        for name in ("rho_src", "rho_dst", "trace_rho", "trace_correct"):
+            self.add_state(name, [], dist_reduce_fx="cat")
+
+    def update(self, pairs: dict[str, Any] | None = None, traces: tuple[Any, Any] | None = None) -> None:
+        """``pairs``: keyword arguments of :meth:`update_pairs`; ``traces``: ``(rho, correct)``. Use the two
+        helpers; they go through this method so torchmetrics' update bookkeeping (cache, counts) applies."""
+        if pairs is not None:
+            self._add_pairs(**pairs)
+        if traces is not None:
+            self._add_traces(*traces)
+
+    def update_pairs(self, axis: Sequence[str] | torch.Tensor, kind: Sequence[str] | torch.Tensor,
+                     verdict_source: torch.Tensor, verdict_shifted: torch.Tensor, label_source: torch.Tensor,
+                     label_shifted: torch.Tensor, rho_source: torch.Tensor | None = None,
+                     rho_shifted: torch.Tensor | None = None) -> None:
+        """Add a batch of verified pairs (ρ defaults to 1: every trace certified)."""
+        self.update(pairs=dict(axis=axis, kind=kind, verdict_source=verdict_source, verdict_shifted=verdict_shifted,
+                               label_source=label_source, label_shifted=label_shifted, rho_source=rho_source,
+                               rho_shifted=rho_shifted))
+
+    def update_traces(self, rho: torch.Tensor, correct: torch.Tensor) -> None:
+        """Add calibration traces for SGR: gate ρ and 1[verdict == φ*]."""
+        self.update(traces=(rho, correct))
+
+    def _add_pairs(self, axis: Sequence[str] | torch.Tensor, kind: Sequence[str] | torch.Tensor,
+                   verdict_source: torch.Tensor, verdict_shifted: torch.Tensor, label_source: torch.Tensor,
+                   label_shifted: torch.Tensor, rho_source: torch.Tensor | None = None,
+                   rho_shifted: torch.Tensor | None = None) -> None:
+        vs = _flat(verdict_source, torch.long)
+        dev = vs.device
+        n = vs.numel()
+        if isinstance(kind, torch.Tensor):
+            k = kind.reshape(-1).long()
+        else:
+            bad = sorted({str(x) for x in kind} - set(self.KINDS))
+            if bad:
+                raise SiftError(f"MetaFaithfulness: unknown pair kinds {bad} (expected {self.KINDS})")
+            k = torch.tensor([self.KINDS.index(str(x)) for x in kind], dtype=torch.long)
+        ax = torch.tensor([self.axes.index(str(a)) if str(a) in self.axes else -1 for a in axis], dtype=torch.long) \
+            if not isinstance(axis, torch.Tensor) else axis.reshape(-1).long()
+        unknown = (ax < 0) & (k == 0)
+        if unknown.any():
+            names = sorted({str(a) for a, u in zip(axis, unknown.tolist()) if u})
+            raise SiftError(f"MetaFaithfulness: preserving axes {names} are not among {self.axes}")
+        ones = torch.ones(n, dtype=torch.float64, device=dev)
+        parts = {"axis": ax.to(dev), "kind": k.to(dev), "v_src": vs, "v_dst": _flat(verdict_shifted, torch.long),
+                 "y_src": _flat(label_source, torch.long), "y_dst": _flat(label_shifted, torch.long),
+                 "rho_src": ones if rho_source is None else _flat(rho_source, torch.float64),
+                 "rho_dst": ones if rho_shifted is None else _flat(rho_shifted, torch.float64)}
+        for name, t in parts.items():
+            if t.numel() != n:
+                raise SiftError(f"MetaFaithfulness: {name} has {t.numel()} entries, expected {n}")
+            getattr(self, name).append(t.to(dev))
+
+    def _add_traces(self, rho: torch.Tensor, correct: torch.Tensor) -> None:
+        r = _flat(rho, torch.float64)
+        self.trace_rho.append(r)
+        self.trace_correct.append(_flat(correct, torch.long).to(r.device))
+
+    def _cat(self, name: str, dtype) -> np.ndarray:
+        v = getattr(self, name)
+        if isinstance(v, list):
+            return torch.cat(v).cpu().numpy() if v else np.zeros(0, dtype=dtype)
+        return dim_zero_cat(v).cpu().numpy()
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        import warnings
+
+        from sift.metrics import UndefinedMetricWarning, sgr
+
+        ax, kind = self._cat("axis", int), self._cat("kind", int)
+        vs, vd, ys, yd = (self._cat(n, int) for n in ("v_src", "v_dst", "y_src", "y_dst"))
+        rs, rd = self._cat("rho_src", float), self._cat("rho_dst", float)
+        tr, tc = self._cat("trace_rho", float), self._cat("trace_correct", int)
+
+        def ivr_as(sel: np.ndarray) -> tuple[dict[str, float], float, float]:
+            per = {}
+            for i, a in enumerate(self.axes):
+                m = sel & (kind == 0) & (ax == i)
+                per[a] = float(np.mean(vs[m] != vd[m])) if m.any() else NAN
+            vals = [v for v in per.values() if not math.isnan(v)]
+            ivr = float(np.mean(vals)) if vals else NAN
+            alt = sel & (kind == 1) & (ys != yd)
+            as_ = float(np.mean((vd[alt] - vs[alt]) == (yd[alt] - ys[alt]))) if alt.any() else NAN
+            return per, ivr, as_
+
+        out: dict[str, float] = {}
+        per, ivr, as_ = ivr_as(np.ones(len(vs), bool))
+        out.update({f"ivr/{a}": v for a, v in per.items()})
+        out.update({"ivr": ivr, "as": as_, "mfs": harmonic_mfs(ivr, as_, 1.0)})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UndefinedMetricWarning)
+            r = sgr(tr, tc, self.alpha, self.delta, self.candidates, self.bound)  # type: ignore[arg-type]
+        out.update({"sgr_threshold": r.threshold, "coverage": r.coverage if tr.size else NAN,
+                    "sgr_risk": r.selective_risk, "sgr_bound": r.bound_value, "sgr_feasible": float(r.feasible)})
+        if r.feasible:
+            _, civr, cas = ivr_as((rs >= r.threshold) & (rd >= r.threshold))
+            out.update({"cert/ivr": civr, "cert/as": cas, "cert/mfs": harmonic_mfs(civr, cas, r.coverage)})
+        else:
+            out.update({"cert/ivr": NAN, "cert/as": NAN, "cert/mfs": NAN})
+        return {k: torch.tensor(v, dtype=torch.float32) for k, v in out.items()}

@@ -1,0 +1,395 @@
+"""``evaluate(cfg)``: the task behind ``sift-evaluate`` — detectors (or saved predictions) → report.
+
+1. Detectors: each entry of ``cfg.detectors`` is a ``sift-train`` run folder (``results.json``: single run or
+   seed ensemble), a folder holding several runs (a sweep: every ``results.json`` below it, ensemble members
+   left out), a detector ``.ckpt``, an ensemble file (``ensemble.pt``), a glob of these, or a mapping
+   ``{path, name, seed}``. Each is run on the DataModule ``cfg.data`` (``trajectory_dir``/``corpus_dir`` are
+   shortcuts) for the splits ``cfg.split`` (test), ``cfg.calib_split`` (val; SGR calibration and thresholds of
+   ensembles built here) and, with ``cfg.transfer``, ``transfer``. Predictions are saved as
+   ``<output_dir>/predictions/*.npz`` together with the verified pairs (``pairs.npz``).
+2. Saved predictions: ``cfg.predictions`` lists ``.npz`` files or folders of them (a ``pairs.npz`` beside
+   them is used unless ``corpus_dir`` is given) — no models needed.
+3. Sections (:mod:`sift.evaluation.tables`): main table, ensemble comparison, certified selective risk with
+   risk–coverage curves, ablations (runs whose ``meta['ablation']`` differ), transfer matrices (runs with
+   ``meta['train_on']``/``meta['test_on']``), and the companion sections when ``cfg.companion`` is enabled.
+4. ``report.md``, ``results.json`` and the figures in ``output_dir``.
+
+:func:`report_from_predictions` does steps 3–4 for predictions already in memory (the main job's path).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from sift.errors import SiftError
+from sift.evaluation.analysis import SelectiveConfig
+from sift.evaluation.predictions import Pairs, Predictions
+from sift.report import Section, write_report
+
+PAIRS_FILE = "pairs.npz"
+DEFAULT_COVERAGES = (0.05, 0.25, 0.45, 0.65, 0.85, 1.00)
+
+
+# ------------------------------------------------------------------------------------------- pairs on disk
+def save_pairs(pairs: Pairs, path: str | Path) -> Path:
+    """Write verified pairs as ``.npz`` (atomic)."""
+    from dataclasses import fields
+
+    from sift.atomic import atomic_open
+
+    path = Path(path)
+    with atomic_open(path, "wb") as fh:
+        np.savez(fh, **{f.name: np.asarray(getattr(pairs, f.name)) for f in fields(pairs)})
+    return path
+
+
+def load_pairs(path: str | Path) -> Pairs:
+    from dataclasses import fields
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return Pairs(**{f.name: z[f.name] for f in fields(Pairs)})
+    except (OSError, KeyError, ValueError) as e:
+        raise SiftError(f"{path}: not a sift pairs file ({e})") from e
+
+
+# ------------------------------------------------------------------------------------------- detectors
+@dataclass
+class DetectorSpec:
+    """One detector to evaluate: how to load it, its name and seed (None = ensemble), provenance."""
+
+    path: str
+    kind: str  # checkpoint | ensemble
+    name: str
+    seed: int | None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def load(self, device: str = "cpu") -> Any:
+        from sift.detectors import EnsembleDetector, load_detector
+
+        det = EnsembleDetector.load(self.path) if self.kind == "ensemble" else load_detector(self.path)
+        det.eval()
+        return det.to(device)
+
+
+def _ablation(rec: Mapping[str, Any]) -> str | None:
+    for o in rec.get("overrides") or []:
+        if str(o).startswith("ablation="):
+            return str(o).split("=", 1)[1]
+    return None
+
+
+def _from_results(run_dir: Path, rec: Mapping[str, Any], name: str | None, seed: int | None) -> DetectorSpec:
+    meta = {"run_dir": str(run_dir), "config_hash": rec.get("config_hash"), "run_hash": rec.get("run_hash"),
+            "ablation": _ablation(rec), "data": rec.get("data")}
+    if rec.get("kind") == "ensemble":
+        path = rec.get("ensemble_file") or str(run_dir / "ensemble.pt")
+        meta["member_seeds"] = rec.get("member_seeds")
+        return DetectorSpec(str(path), "ensemble", name or str(rec.get("detector")), None, meta)
+    ckpt = rec.get("best_ckpt") or rec.get("last_ckpt")
+    if not ckpt or not Path(ckpt).is_file():
+        raise SiftError(f"{run_dir}: results.json names no existing checkpoint ({ckpt!r})")
+    s = seed if seed is not None else rec.get("seed")
+    return DetectorSpec(str(ckpt), "checkpoint", name or str(rec.get("detector")), None if s is None else int(s), meta)
+
+
+def resolve_detectors(entries: Iterable[Any]) -> list[DetectorSpec]:
+    """Turn ``cfg.detectors`` entries (paths, globs, ``{path, name, seed}``) into :class:`DetectorSpec` s."""
+    import torch
+
+    specs: list[DetectorSpec] = []
+    for entry in entries:
+        if isinstance(entry, Mapping):
+            raw, name, seed = str(entry["path"]), entry.get("name"), entry.get("seed")
+        else:
+            raw, name, seed = str(entry), None, None
+        paths = sorted(glob.glob(raw)) if any(c in raw for c in "*?[") else [raw]
+        if not paths:
+            raise SiftError(f"detector {raw!r}: no such file or folder")
+        for p in map(Path, paths):
+            if p.is_dir():
+                if (p / "results.json").is_file():
+                    recs = [(p, json.loads((p / "results.json").read_text()))]
+                else:
+                    recs = [(r.parent, json.loads(r.read_text())) for r in sorted(p.rglob("results.json"))]
+                    recs = [(d, r) for d, r in recs if r.get("kind") != "member" and r.get("status") == "done"
+                            and r.get("detector") is not None]
+                    if not recs:
+                        raise SiftError(f"{p}: no sift-train run (results.json) in this folder")
+                specs += [_from_results(d, r, name, seed) for d, r in recs]
+            elif p.is_file():
+                info = torch.load(str(p), map_location="cpu", weights_only=False)
+                if isinstance(info, dict) and "sift_ensemble" in info:
+                    specs.append(DetectorSpec(str(p), "ensemble", name or info["sift_ensemble"]["name"], None,
+                                              {"file": str(p)}))
+                    continue
+                if not (isinstance(info, dict) and "sift_detector" in info):
+                    raise SiftError(f"{p}: not a sift detector checkpoint or ensemble file")
+                rec_path = p.parent.parent / "results.json"
+                rec = json.loads(rec_path.read_text()) if rec_path.is_file() else {}
+                s = seed if seed is not None else rec.get("seed", 0)
+                meta = {"file": str(p), "ablation": _ablation(rec), "config_hash": rec.get("config_hash")}
+                specs.append(DetectorSpec(str(p), "checkpoint", name or info["sift_detector"]["name"],
+                                          None if s is None else int(s), meta))
+            else:
+                raise SiftError(f"detector {p}: no such file or folder")
+    return specs
+
+
+# ------------------------------------------------------------------------------------------- grouping
+def run_key(p: Predictions) -> str:
+    """Row name of a run: detector name, with ``[ablation]`` for ablated variants."""
+    ab = p.meta.get("ablation")
+    return p.detector if ab in (None, "", "none") else f"{p.detector} [{ab}]"
+
+
+def _group(preds: Iterable[Predictions]) -> dict[str, list[Predictions]]:
+    out: dict[str, list[Predictions]] = {}
+    for p in preds:
+        out.setdefault(run_key(p), []).append(p)
+    for k, v in out.items():
+        v.sort(key=lambda p: (p.seed is None, p.seed if p.seed is not None else 0))
+        seen = set()
+        for p in v:
+            if p.seed in seen:
+                raise SiftError(f"detector {k!r}: two runs with seed {p.seed} on split {p.split} "
+                                "(give them distinct names or seeds)")
+            seen.add(p.seed)
+    return out
+
+
+# ------------------------------------------------------------------------------------------- report
+def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, out_dir: str | Path, *,
+                            split: str = "test", calib_split: str | None = "val",
+                            selective: SelectiveConfig = SelectiveConfig(), alphas: Sequence[float] = (0.25, 0.30),
+                            coverages: Sequence[float] = DEFAULT_COVERAGES, match_coverage: float = 0.70,
+                            reference: str | None = None, families: Mapping[str, str] | None = None,
+                            n_resamples: int = 1000, seed: int = 0, extra_sections: Sequence[Section] = (),
+                            title: str = "sift evaluation", meta: Mapping[str, Any] | None = None,
+                            write: bool = True) -> list[Section]:
+    """Build every section from in-memory predictions and write ``report.md``/``results.json`` to ``out_dir``.
+
+    ``predictions`` may mix splits: runs on ``split`` are evaluated; runs on ``calib_split`` calibrate SGR;
+    runs on ``transfer`` (or any split whose ``meta['transfer_setting']`` is set) give the transfer AUROCs, by
+    ``meta['transfer_setting']`` (default ``"transfer"``). Runs with ``meta['train_on']``/``meta['test_on']``
+    go to transfer matrices (one per detector and ``meta['matrix']`` setting) and nowhere else.
+    """
+    from sift.evaluation import tables as T
+
+    out_dir = Path(out_dir)
+    matrix_runs = [p for p in predictions if "train_on" in p.meta and "test_on" in p.meta]
+    rest = [p for p in predictions if not ("train_on" in p.meta and "test_on" in p.meta)]
+    test = _group(p for p in rest if p.split == split and "transfer_setting" not in p.meta)
+    calib = _group(p for p in rest if calib_split is not None and p.split == calib_split) or None
+    transfer: dict[str, dict[str, list[Predictions]]] = {}
+    for p in rest:
+        if p.split == "transfer" or "transfer_setting" in p.meta:
+            if p.split == split and "transfer_setting" not in p.meta:
+                continue
+            transfer.setdefault(str(p.meta.get("transfer_setting", "transfer")), {}).setdefault(run_key(p), []).append(p)
+    sections: list[Section] = []
+    common = dict(n_resamples=n_resamples, seed=seed)
+    if test:
+        sections.append(T.main_table(test, pairs, transfer=transfer or None, calib=calib, selective=selective,
+                                     **common))
+        if any(len([p for p in v if p.seed is not None]) >= 2 or any(p.seed is None for p in v) for v in test.values()):
+            sections.append(T.ensemble_table(test, pairs, calib=calib, **common))
+        sections.append(T.selective_risk_section(test, pairs, calib=calib, selective=selective, alphas=alphas,
+                                                 coverages=coverages, match_coverage=match_coverage,
+                                                 reference=reference if reference in T.group_runs(test) else None,
+                                                 out_dir=out_dir, **common))
+        # ablations: a detector with runs of several ablation variants
+        by_det: dict[str, dict[str, list[Predictions]]] = {}
+        for lst in test.values():
+            for p in lst:
+                if p.seed is None:
+                    continue
+                ab = p.meta.get("ablation") or "none"
+                by_det.setdefault(p.detector, {}).setdefault("full" if ab == "none" else str(ab), []).append(p)
+        for det, variants in by_det.items():
+            if len(variants) >= 2:
+                tr = {}
+                for setting in transfer.values():
+                    for lst in setting.values():
+                        for p in lst:
+                            if p.detector == det and p.seed is not None:
+                                ab = p.meta.get("ablation") or "none"
+                                tr.setdefault("full" if ab == "none" else str(ab), []).append(p)
+                cal = None
+                if calib:
+                    cal = {}
+                    for lst in calib.values():
+                        for p in lst:
+                            if p.detector == det:
+                                ab = p.meta.get("ablation") or "none"
+                                cal.setdefault("full" if ab == "none" else str(ab), []).append(p)
+                sections.append(T.ablation_table(variants, pairs, transfer=tr or None, calib=cal, selective=selective,
+                                                 key=f"ablations_{det}", title=f"Ablations of {det} (Table 4)",
+                                                 **common))
+    matrices: dict[tuple[str, str], dict[tuple[str, str], list[Predictions]]] = {}
+    for p in matrix_runs:
+        k = (p.detector, str(p.meta.get("matrix", "transfer")))
+        matrices.setdefault(k, {}).setdefault((str(p.meta["train_on"]), str(p.meta["test_on"])), []).append(p)
+    for (det, setting), cells in matrices.items():
+        sections.append(T.transfer_matrix(cells, families=families, out_dir=out_dir,
+                                          key=f"transfer_matrix_{det}_{setting}".replace(" ", "_"),
+                                          title=f"{setting} transfer of {det} (Table 2)", **common))
+    sections += list(extra_sections)
+    if not sections:
+        raise SiftError(f"nothing to report: no predictions on split {split!r} and no transfer matrices")
+    if write:
+        info = {"split": split, "calib_split": calib_split, "n_resamples": n_resamples, "bootstrap_seed": seed,
+                "runs": {k: [{"seed": p.seed, "n": len(p), "threshold": p.threshold} for p in v]
+                         for k, v in test.items()},
+                **dict(meta or {})}
+        write_report(out_dir, sections, meta=info, title=title)
+    return sections
+
+
+# ------------------------------------------------------------------------------------------- the task
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    v = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+    return default if v is None else v
+
+
+def _datamodule(cfg: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    from sift.training import instantiate_node
+
+    data = OmegaConf.create(OmegaConf.to_container(cfg.data, resolve=True))
+    for k in ("trajectory_dir", "corpus_dir"):
+        if cfg.get(k) is not None:
+            data[k] = str(cfg[k])
+    dm = instantiate_node(data)
+    if hasattr(dm, "prepare_data"):
+        dm.prepare_data()
+    dm.setup("test")
+    return dm
+
+
+def _transfer_name(cfg: Any) -> str:
+    if cfg.get("transfer_name"):
+        return str(cfg.transfer_name)
+    d = cfg.get("data") or {}
+    if d.get("holdout_domain"):
+        return f"cross-domain ({d.holdout_domain})"
+    if d.get("holdout_model"):
+        return f"cross-model ({d.holdout_model})"
+    return "transfer"
+
+
+def _has_split(dm: Any, split: str) -> bool:
+    try:
+        return len(dm.dataset(split)) > 0
+    except Exception:
+        return False
+
+
+def _load_saved(entries: Iterable[Any]) -> tuple[list[Predictions], Pairs | None]:
+    preds: list[Predictions] = []
+    pairs = None
+    for entry in entries:
+        raw = str(entry)
+        paths = sorted(glob.glob(raw)) if any(c in raw for c in "*?[") else [raw]
+        if not paths:
+            raise SiftError(f"predictions {raw!r}: no such file or folder")
+        for p in map(Path, paths):
+            files = sorted(p.glob("*.npz")) if p.is_dir() else [p]
+            if not p.exists():
+                raise SiftError(f"predictions {p}: no such file or folder")
+            for f in files:
+                if f.name == PAIRS_FILE:
+                    pairs = load_pairs(f)
+                else:
+                    preds.append(Predictions.load(f))
+    return preds, pairs
+
+
+def _safe(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+
+
+def evaluate(cfg: Any) -> dict[str, Any]:
+    """Run ``sift-evaluate`` as configured (see the module docstring); returns the results record."""
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    split, calib_split = str(cfg.get("split") or "test"), cfg.get("calib_split")
+    preds: list[Predictions] = []
+    pairs: Pairs | None = None
+    specs = resolve_detectors(cfg.get("detectors") or [])
+    if specs:
+        from sift.evaluation.collect import pairs_from_datamodule, predict
+
+        dm = _datamodule(cfg)
+        splits = [split] + ([str(calib_split)] if calib_split and str(calib_split) != split else [])
+        tname = _transfer_name(cfg)
+        if cfg.get("transfer", True) and _has_split(dm, "transfer") and "transfer" not in splits:
+            splits.append("transfer")
+        pdir = out_dir / "predictions"
+        for spec in specs:
+            det = spec.load(str(cfg.get("device") or "cpu"))
+            for s in splits:
+                meta = {k: v for k, v in spec.meta.items() if v is not None}
+                meta["source"] = spec.path
+                if s == "transfer":
+                    meta["transfer_setting"] = tname
+                p = predict(det, dm, s, name=spec.name, seed=spec.seed, meta=meta)
+                tag = "ens" if spec.seed is None else f"seed{spec.seed}"
+                ab = meta.get("ablation")
+                p.save(pdir / _safe(f"{spec.name}{'__' + ab if ab else ''}__{tag}__{s}.npz"))
+                preds.append(p)
+            print(f"sift-evaluate: {spec.name} seed={spec.seed} ({spec.kind}) -> {len(splits)} splits")
+        corpus = cfg.get("corpus_dir") or (cfg.data.get("corpus_dir") if "data" in cfg else None)
+        pairs = Pairs.from_corpus(corpus) if corpus else pairs_from_datamodule(dm)
+        save_pairs(pairs, pdir / PAIRS_FILE)
+    saved, saved_pairs = _load_saved(cfg.get("predictions") or [])
+    preds += saved
+    if pairs is None:
+        if cfg.get("corpus_dir"):
+            pairs = Pairs.from_corpus(cfg.corpus_dir)
+        elif saved_pairs is not None:
+            pairs = saved_pairs
+        else:
+            raise SiftError("no verified pairs: give corpus_dir, or predictions folders with a pairs.npz")
+    if not preds:
+        raise SiftError("nothing to evaluate: give detectors=[...] (run folders, .ckpt, ensemble.pt) "
+                        "or predictions=[...] (.npz files or folders)")
+    sel = cfg.get("selective") or {}
+    selective = SelectiveConfig(float(sel.get("alpha", 0.25)), float(sel.get("delta", 0.05)),
+                                str(sel.get("bound", "clopper-pearson")),
+                                tuple(float(c) for c in sel["candidates"]) if sel.get("candidates") else None)
+    extra = companion(cfg, out_dir)
+    sections = report_from_predictions(
+        preds, pairs, out_dir, split=split, calib_split=None if calib_split is None else str(calib_split),
+        selective=selective, alphas=[float(a) for a in cfg.get("alphas") or (0.25, 0.30)],
+        coverages=[float(c) for c in cfg.get("coverages") or DEFAULT_COVERAGES],
+        match_coverage=float(cfg.get("match_coverage") or 0.70), reference=cfg.get("reference"),
+        families=dict(cfg.families) if cfg.get("families") else None, n_resamples=int(cfg.get("n_resamples", 1000)),
+        seed=int(cfg.get("seed") or 0), extra_sections=extra, title=str(cfg.get("title") or "sift evaluation"),
+        meta={"detectors": [s.__dict__ for s in specs], "predictions_from": [str(p) for p in cfg.get("predictions") or []]})
+    return {"output_dir": str(out_dir), "sections": [s.key for s in sections],
+            "report": str(out_dir / "report.md"), "results": str(out_dir / "results.json"),
+            "n_predictions": len(preds)}
+
+
+def companion(cfg: Any, out_dir: Path) -> list[Section]:
+    """The companion papers' sections (``sift.companion.report.companion_sections``) when ``cfg.companion`` is
+    enabled; a missing implementation gives a note section instead of an error."""
+    node = cfg.get("companion") if hasattr(cfg, "get") else None
+    if not node or node.get("enabled", True) is False or str(node.get("name", "")) == "none":
+        return []
+    try:
+        from sift.companion.report import companion_sections
+    except ImportError as e:
+        warnings.warn(f"companion sections requested but unavailable ({e})", stacklevel=2)
+        return [Section("companion", "Companion analyses", f"_Not available in this installation: {e}_",
+                        results={"error": str(e)})]
+    return list(companion_sections(cfg, out_dir))

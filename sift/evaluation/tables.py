@@ -1,0 +1,709 @@
+"""Report sections of the paper's main analyses (Tables 1, 2, 3, 4, 8 and Fig. 9), as :class:`sift.report.Section`.
+
+Inputs are :class:`~sift.evaluation.predictions.Predictions` (one detector run's per-trace P(faithful) on one
+split, threshold frozen on validation) and the verified :class:`~sift.evaluation.predictions.Pairs`:
+
+* ``runs: dict[str, list[Predictions]]`` — detector name → its per-seed runs on the test split; ensembles are
+  runs with ``seed=None`` (shown as ``"<name> (ensemble)"`` rows, see :func:`analysis.group_runs`).
+* ``transfer: dict[str, dict[str, list[Predictions]]]`` — transfer setting (e.g. ``"cross-domain"``) →
+  detector name → runs of the same detectors on that shifted split (optional).
+* ``calib: dict[str, list[Predictions]]`` — the same runs on the in-distribution validation split, used to
+  calibrate the SGR threshold (optional; without it SGR is calibrated in-sample on the evaluated split, which
+  is what the paper's Table 3 reports).
+
+Conventions (DESIGN §7): verdict = prob ≥ frozen threshold; gate ρ = max(s, 1−s); IVR per preserving axis and
+their unweighted mean; AS over verified altering pairs; MFS = κ·2(1−IVR)·AS/((1−IVR)+AS) with κ = 1 ("full
+coverage", as the paper's Table 8) and, on the certified subset (pairs whose both traces have ρ ≥ t*), with
+κ = SGR coverage. A row with several seeds shows the mean over seeds; 95 % CIs are percentile cluster-bootstrap
+intervals over base items (1,000 resamples by default), every run of a table resampled with the same draws,
+and the SGR threshold held fixed (CIs are conditional on the calibration). Each section's ``results`` holds
+every number shown.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from sift.errors import SiftError
+from sift.evaluation.analysis import (NAN, Items, RunData, SelectiveConfig, bootstrap_vector, check_same_split,
+                                      common_items, fast_auroc, fmt, fmt_ci, group_runs, match_calibration, num,
+                                      preserving_axes)
+from sift.evaluation.metrics import harmonic_mfs
+from sift.evaluation.predictions import Pairs, Predictions, average
+from sift.metrics import (UndefinedMetricWarning, benjamini_hochberg, mcnemar, risk_upper_bound,
+                          seed_repeat_decomposition, select_top)
+from sift.report import Section, markdown_table
+
+DEFAULT_COVERAGES = (0.05, 0.25, 0.45, 0.65, 0.85, 1.00)  # paper Table 3 (a)
+
+
+def _as_list(x: Predictions | Sequence[Predictions]) -> list[Predictions]:
+    return [x] if isinstance(x, Predictions) else list(x)
+
+
+def _ci_dict(est: float, low: float, high: float) -> dict[str, float | None]:
+    return {"estimate": num(est), "low": num(low), "high": num(high)}
+
+
+def _prepare(rows: dict[str, list[Predictions]], pairs: Pairs | None, axes: list[str], items: Items,
+             sel: SelectiveConfig | None, calib: dict[str, list[Predictions]] | None) -> dict[str, list[RunData]]:
+    out = {}
+    for name, lst in rows.items():
+        rds = []
+        for p in lst:
+            rd = RunData(p, axes).attach_pairs(pairs)
+            if sel is not None:
+                rd.certify(sel, match_calibration(p, calib, name))
+            rds.append(rd.index(items))
+        out[name] = rds
+    return out
+
+
+def nz(x: Any) -> float:
+    """None → NaN (for formatting numbers stored JSON-style)."""
+    return NAN if x is None else float(x)
+
+
+def _seed_mean(vals: list[float]) -> float:
+    v = [x for x in vals if x is not None and not math.isnan(x)]
+    return float(np.mean(v)) if v else NAN
+
+
+# ================================================================================================ Table 1
+def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
+               transfer: Mapping[str, Mapping[str, Sequence[Predictions]]] | None = None,
+               calib: dict[str, list[Predictions]] | None = None, selective: SelectiveConfig = SelectiveConfig(),
+               n_resamples: int = 1000, seed: int = 0, key: str = "main_table",
+               title: str = "Main results (Table 1)") -> Section:
+    """Paper Table 1: (a) in-distribution vs transfer AUROC and gap, (b) per-axis IVR, (c) seed-repeat
+    decomposition, (d) IVR, AS, MFS (full coverage) and SGR coverage with certified IVR/AS/MFS, (e) seed
+    stability (mean ± std of in-distribution AUROC over seeds, sample std ddof = 1).
+
+    Transfer gap = in-distribution AUROC − mean of the transfer settings' AUROCs. The seed-repeat
+    decomposition (App. E.1) uses every unordered pair of seeds (i, j) of a detector on the preserving pairs
+    (c, c'): S = 1[φ̂_i(c) ≠ φ̂_j(c)], T = 1[φ̂_i(c) ≠ φ̂_i(c')], averaged over seed pairs, with a
+    cluster-bootstrap CI on the overlap; it needs ≥ 2 seeds.
+    """
+    check_same_split(runs)
+    rows = group_runs(runs)
+    if not rows:
+        raise SiftError("main_table: no runs")
+    transfer = {k: group_runs({n: _as_list(v) for n, v in d.items()}) for k, d in (transfer or {}).items()}
+    settings = list(transfer)
+    axes = preserving_axes(pairs)
+    all_preds = [p for lst in rows.values() for p in lst] + [p for d in transfer.values() for l in d.values()
+                                                              for p in l]
+    items = common_items(all_preds, pairs=pairs)
+    data = _prepare(rows, pairs, axes, items, selective, calib)
+    tdata = {s: _prepare(d, None, axes, items, None, None) for s, d in transfer.items()}
+    results: dict[str, Any] = {"axes": axes, "transfer_settings": settings, "n_resamples": n_resamples,
+                               "alpha": selective.alpha, "delta": selective.delta, "bound": selective.bound,
+                               "calibration": "validation split" if calib else "in-sample (evaluated split)",
+                               "detectors": {}}
+    names = ["in_dist_auroc", *[f"transfer_auroc/{s}" for s in settings], "gap",
+             *[f"ivr/{a}" for a in axes], "ivr", "as", "mfs", "coverage", "cert_ivr", "cert_as", "cert_mfs"]
+    tables = {"a": [], "b": [], "d": [], "c": [], "e": []}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        for row, rds in data.items():
+            trds = {s: tdata[s].get(row, []) for s in settings}
+
+            def vec(drawn: np.ndarray | None, rds=rds, trds=trds) -> np.ndarray:
+                st = [rd.stats(drawn) for rd in rds]
+                ind = _seed_mean([s["auroc"] for s in st])
+                tr = [_seed_mean([t.stats(drawn)["auroc"] for t in trds[s]]) for s in settings]
+                trv = [x for x in tr if not math.isnan(x)]
+                gap = ind - float(np.mean(trv)) if trv and not math.isnan(ind) else NAN
+                per = np.array([s["ivr_axes"] for s in st], float) if axes else np.zeros((len(st), 0))
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    per_mean = np.nanmean(per, axis=0) if len(st) else np.full(len(axes), NAN)
+                return np.array([ind, *tr, gap, *per_mean, *[_seed_mean([s[k] for s in st]) for k in
+                                 ("ivr", "as_", "mfs", "coverage", "cert_ivr", "cert_as", "cert_mfs")]], float)
+
+            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
+            res = {n: _ci_dict(e, lo, hi) for n, e, lo, hi in zip(names, est, low, high)}
+            aucs = [rd.stats()["auroc"] for rd in rds]
+            seeds = [rd.pred.seed for rd in rds]
+            std = float(np.std(aucs, ddof=1)) if len(aucs) > 1 else NAN
+            res["seed_stability"] = {"seeds": seeds, "auroc_per_seed": [num(a) for a in aucs],
+                                     "mean": num(np.nanmean(aucs)), "std": num(std)}
+            res["sgr"] = [{"seed": rd.pred.seed, "threshold": num(rd.sgr.threshold), "coverage": num(rd.sgr.coverage),
+                           "risk": num(rd.sgr.selective_risk), "bound": num(rd.sgr.bound_value),
+                           "feasible": rd.sgr.feasible, "reason": rd.sgr.reason} for rd in rds if rd.sgr is not None]
+            res["n_traces"] = [len(rd.pred) for rd in rds]
+            res["n_pairs"] = [rd.n_pairs for rd in rds]
+            dec = seed_repeat(rds, n_resamples, seed)
+            res["seed_repeat"] = dec
+            results["detectors"][row] = res
+            g = lambda n: fmt_ci(*(res[n][k] if res[n][k] is not None else NAN for k in ("estimate", "low", "high")))
+            tables["a"].append([row, g("in_dist_auroc"), *[g(f"transfer_auroc/{s}") for s in settings], g("gap")])
+            tables["b"].append([row, *[g(f"ivr/{a}") for a in axes], g("ivr")])
+            tables["d"].append([row, g("ivr"), g("as"), g("mfs"), g("coverage"), g("cert_ivr"), g("cert_as"),
+                                g("cert_mfs")])
+            if dec.get("raw") is not None:
+                ov = fmt_ci(*(dec.get(k) if dec.get(k) is not None else NAN for k in ("overlap", "overlap_low",
+                                                                                       "overlap_high")), digits=4)
+                tables["c"].append([row, fmt(nz(dec.get("raw"))), fmt(nz(dec.get("floor"))),
+                                    fmt(nz(dec.get("shift_attributable"))), ov,
+                                    fmt(nz(dec.get("stochastic_fraction")), 2), dec.get("n_seed_pairs", 0)])
+            tables["e"].append([row, len(rds), f"{fmt(nz(res['seed_stability']['mean']))} ± "
+                                f"{fmt(std)}"])
+    md = [f"Test split; {n_resamples} cluster-bootstrap resamples over base items (95 % CI in brackets); "
+          f"SGR α = {selective.alpha}, δ = {selective.delta} ({selective.bound}), calibrated "
+          f"{results['calibration']}. Rows with several seeds: mean over seeds.", "",
+          "**(a) In-distribution vs transfer AUROC**", "",
+          markdown_table(["Detector", "In-dist", *[f"Transfer: {s}" for s in settings], "Gap"], tables["a"]), "",
+          "**(b) Per-axis invariance violation rate**", "",
+          markdown_table(["Detector", *axes, "Mean"], tables["b"]) if axes else "_no preserving pairs_", "",
+          "**(c) Seed-repeat decomposition** (raw = floor + shift-attributable − overlap)", "",
+          markdown_table(["Detector", "Raw IVR", "Seed floor", "Shift-attr.", "Overlap [95% CI]",
+                          "Floor/raw", "Seed pairs"], tables["c"]) if tables["c"] else "_needs ≥ 2 seeds_", "",
+          "**(d) Meta-faithfulness** (full coverage; certified = pairs with both traces ρ ≥ t*, κ = SGR coverage)", "",
+          markdown_table(["Detector", "IVR", "AS", "MFS", "Coverage κ", "IVR cert", "AS cert", "MFS cert"],
+                         tables["d"]), "",
+          "**(e) Seed stability** (in-distribution AUROC)", "",
+          markdown_table(["Detector", "Seeds", "Mean ± std"], tables["e"])]
+    return Section(key, title, "\n".join(md), results=results)
+
+
+def seed_repeat(rds: list[RunData], n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Seed-repeat decomposition (App. E.1) over all unordered seed pairs of one detector's runs (see
+    :func:`main_table`); pairs must have both traces in both runs."""
+    rds = [rd for rd in rds if rd.pred.seed is not None]
+    if len(rds) < 2:
+        return {"reason": "needs >= 2 seed runs", "n_seed_pairs": 0}
+    s1, s2, sh, grp = [], [], [], []
+    for a, b in itertools.combinations(rds, 2):
+        ib = b.pred.index()
+        pres = a.p_axis >= 0
+        src_ids = a.pred.trace_id[a.p_src[pres]]
+        rows_b = np.array([ib.get(t, -1) for t in src_ids.tolist()], int)
+        ok = rows_b >= 0
+        s1.append(a.verdict[a.p_src[pres]][ok])
+        s2.append(b.verdict[rows_b[ok]])
+        sh.append(a.verdict[a.p_dst[pres]][ok])
+        grp.append(a.p_items[pres][ok])
+    s1c, s2c, shc = np.concatenate(s1), np.concatenate(s2), np.concatenate(sh)
+    if s1c.size == 0:
+        return {"reason": "no preserving pairs shared by the seed runs", "n_seed_pairs": len(s1)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        d = seed_repeat_decomposition(s1c, s2c, shc, groups=np.concatenate(grp).astype(str),
+                                      n_resamples=max(n_resamples, 1), seed=seed)
+    return {"floor": num(d.floor), "shift_attributable": num(d.shift_attributable), "overlap": num(d.overlap),
+            "overlap_low": num(d.overlap_low) if n_resamples > 0 else None,
+            "overlap_high": num(d.overlap_high) if n_resamples > 0 else None, "raw": num(d.raw),
+            "stochastic_fraction": num(d.stochastic_fraction), "n": d.n, "n_seed_pairs": len(s1), "reason": d.reason}
+
+
+# ================================================================================================ Table 8
+def _ensemble_for(name: str, seeds: list[Predictions], calib: dict[str, list[Predictions]] | None) -> Predictions:
+    """Probability average of ``seeds``; threshold frozen on the averaged validation predictions when ``calib``
+    has every member, else the mean of the members' thresholds (stated in ``meta``)."""
+    from sift.detectors.thresholds import fit_threshold
+
+    members = sorted(seeds, key=lambda p: p.seed)
+    order = members[0].trace_id
+    aligned = []
+    for m in members:
+        if not np.array_equal(m.trace_id, order):
+            idx = m.index()
+            m = m.subset(np.array([idx[t] for t in order.tolist()]))
+        aligned.append(m)
+    cal = [match_calibration(m, calib, name) for m in members]
+    if all(c is not None for c in cal) and cal:
+        cal_avg = average(cal, f"{name} (ensemble)", 0.5)  # type: ignore[arg-type]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            thr = fit_threshold(cal_avg.prob, cal_avg.label, "youden")
+        how = "youden on averaged validation predictions"
+    else:
+        thr = float(np.mean([m.threshold for m in members]))
+        how = "mean of the members' thresholds (no validation predictions given)"
+    ens = average(aligned, f"{name} (ensemble)", thr)
+    ens.meta["threshold_from"] = how
+    return ens
+
+
+def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
+                   calib: dict[str, list[Predictions]] | None = None, build_missing: bool = True,
+                   n_resamples: int = 1000, seed: int = 0, q: float = 0.05, key: str = "ensemble_comparison",
+                   title: str = "Ensemble comparison (Table 8)") -> Section:
+    """Paper Table 8: IVR, AS, MFS at full coverage of each detector's single-seed runs (mean over seeds) and of
+    its seed ensemble, and the gain in MFS. Ensembles are the runs with ``seed=None`` (or detectors named
+    ``"<name>_ensemble"``); with ``build_missing`` a detector with ≥ 2 seeds and no ensemble gets the
+    probability average of its seeds (:func:`_ensemble_for`). Per detector, a McNemar test compares the
+    invariance (verdict kept) of the first seed and of the ensemble on the same preserving pairs, with
+    Benjamini–Hochberg at FDR ``q`` across detectors.
+    """
+    check_same_split(runs)
+    singles: dict[str, list[Predictions]] = {}
+    ens: dict[str, Predictions] = {}
+    for name, lst in runs.items():
+        lst = _as_list(lst)
+        base = name[: -len("_ensemble")] if name.endswith("_ensemble") else name
+        for p in lst:
+            if p.seed is None or name.endswith("_ensemble"):
+                ens[base] = p
+            else:
+                singles.setdefault(base, []).append(p)
+    built = []
+    if build_missing:
+        for base, lst in singles.items():
+            if base not in ens and len(lst) >= 2:
+                ens[base] = _ensemble_for(base, lst, calib)
+                built.append(base)
+    names = [n for n in singles if n in ens] + [n for n in ens if n not in singles]
+    axes = preserving_axes(pairs)
+    items = common_items([p for lst in singles.values() for p in lst] + list(ens.values()), pairs=pairs)
+    results: dict[str, Any] = {"built_here": built, "detectors": {}, "n_resamples": n_resamples}
+    rows, pvals, tests = [], [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        for name in names:
+            sgl = [RunData(p, axes).attach_pairs(pairs).index(items) for p in singles.get(name, [])]
+            e = RunData(ens[name], axes).attach_pairs(pairs).index(items)
+
+            def vec(drawn, sgl=sgl, e=e):
+                ss = [r.stats(drawn) for r in sgl]
+                es = e.stats(drawn)
+                single = [_seed_mean([s[k] for s in ss]) for k in ("ivr", "as_", "mfs")]
+                ensv = [es["ivr"], es["as_"], es["mfs"]]
+                return np.array([*single, *ensv, ensv[2] - single[2]], float)
+
+            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
+            keys = ["single_ivr", "single_as", "single_mfs", "ensemble_ivr", "ensemble_as", "ensemble_mfs", "gain"]
+            res = {k: _ci_dict(a, b, c) for k, a, b, c in zip(keys, est, low, high)}
+            res["n_seeds"] = len(sgl)
+            res["threshold_from"] = ens[name].meta.get("threshold_from", "frozen ensemble threshold")
+            test = None
+            if sgl:
+                test = _invariance_mcnemar(sgl[0], e)
+            res["mcnemar_invariance"] = test
+            results["detectors"][name] = res
+            if test is not None and test.get("p_value") is not None:
+                pvals.append(test["p_value"])
+                tests.append(name)
+            g = lambda k: fmt_ci(*(v if v is not None else NAN for v in res[k].values()))
+            if sgl:
+                rows.append([f"{name} (single, {len(sgl)} seeds)", g("single_ivr"), g("single_as"), g("single_mfs"),
+                             "—", "—"])
+            rows.append([f"{name} (ensemble{', built here' if name in built else ''})", g("ensemble_ivr"),
+                         g("ensemble_as"), g("ensemble_mfs"), g("gain") if sgl else "—", name])
+    if pvals:
+        bh = benjamini_hochberg(pvals, q)
+        for n, p_adj, rej in zip(tests, bh.p_adjusted, bh.reject):
+            results["detectors"][n]["mcnemar_invariance"].update(p_bh=num(p_adj), reject_bh=bool(rej))
+    for r in rows:
+        n = r[-1]
+        if n in results["detectors"] and results["detectors"][n].get("mcnemar_invariance"):
+            t = results["detectors"][n]["mcnemar_invariance"]
+            r[-1] = f"{fmt(t['p_value'] if t['p_value'] is not None else NAN)} (BH {fmt(nz(t.get('p_bh')))})"
+        elif r[-1] != "—":
+            r[-1] = "—"
+    md = ("Full coverage (no abstention), mean over seeds for single runs; 95 % cluster-bootstrap CIs. "
+          "Gain = MFS(ensemble) − MFS(single). p: McNemar on per-pair invariance, first seed vs ensemble "
+          f"(BH-adjusted at q = {q}).\n\n"
+          + markdown_table(["Method", "IVR", "AS", "MFS", "Gain", "p (invariance)"], rows))
+    return Section(key, title, md, results=results)
+
+
+def _invariance_mcnemar(a: RunData, b: RunData) -> dict[str, Any] | None:
+    """McNemar on 1[verdict kept] over the preserving pairs both runs have (matched by trace ids)."""
+    pa = a.p_axis >= 0
+    ka = {(s, d): int(a.verdict[i] == a.verdict[j]) for s, d, i, j in
+          zip(a.pred.trace_id[a.p_src[pa]].tolist(), a.pred.trace_id[a.p_dst[pa]].tolist(), a.p_src[pa], a.p_dst[pa])}
+    pb = b.p_axis >= 0
+    kb = {(s, d): int(b.verdict[i] == b.verdict[j]) for s, d, i, j in
+          zip(b.pred.trace_id[b.p_src[pb]].tolist(), b.pred.trace_id[b.p_dst[pb]].tolist(), b.p_src[pb], b.p_dst[pb])}
+    common = [k for k in ka if k in kb]
+    if not common:
+        return None
+    r = mcnemar([ka[k] for k in common], [kb[k] for k in common])
+    return {"p_value": num(r.p_value), "statistic": num(r.statistic), "b": r.b, "c": r.c, "exact": r.exact,
+            "n_pairs": len(common), "note": "b = pairs only the single seed keeps; c = only the ensemble keeps"}
+
+
+# ================================================================================================ Table 3 / Fig. 9
+def _risk_at(rho: np.ndarray, correct: np.ndarray, coverage: float) -> tuple[float, int, int]:
+    if rho.size == 0:
+        return NAN, 0, 0
+    keep = select_top(rho, coverage)
+    n = int(keep.sum())
+    if n == 0:
+        return NAN, 0, 0
+    e = int(n - correct[keep].sum())
+    return e / n, e, n
+
+
+def _mfs_at(rd: RunData, prow: np.ndarray, trow: np.ndarray, coverage: float) -> float:
+    """MFS at matched coverage: the ⌈κn⌉ most confident traces are certified; IVR/AS on pairs with both."""
+    if trow.size == 0:
+        return NAN
+    keep = select_top(rd.rho[trow], coverage)
+    certified = np.zeros(len(rd.pred), bool)
+    certified[trow[keep]] = True
+    sel = certified[rd.p_src[prow]] & certified[rd.p_dst[prow]]
+    _, ivr, as_ = rd.pair_rates(prow, sel)
+    return harmonic_mfs(ivr, as_, coverage)
+
+
+def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | None = None, *,
+                           calib: dict[str, list[Predictions]] | None = None,
+                           selective: SelectiveConfig = SelectiveConfig(), alphas: Sequence[float] = (0.25, 0.30),
+                           coverages: Sequence[float] = DEFAULT_COVERAGES, match_coverage: float = 0.70,
+                           reference: str | None = None, out_dir: str | Path | None = None,
+                           n_resamples: int = 1000, seed: int = 0, q: float = 0.05, key: str = "selective_risk",
+                           title: str = "Certified selective risk and risk–coverage (Table 3, Fig. 9)") -> Section:
+    """Paper Table 3 (a), App. C.7.1/C.7.3 and Fig. 9, for every detector row (mean over seeds):
+
+    * SGR at each α in ``alphas`` (threshold t*, coverage, empirical risk, bound);
+    * selective risk at fixed coverages (the ⌈κn⌉ most confident traces, ties by position) with its
+      one-sided Clopper–Pearson/normal upper bound at δ split over the coverages (Bonferroni);
+    * risk–coverage curves of all detectors (PNG ``risk_coverage.png`` in ``out_dir``);
+    * the coverage-matched comparison at κ = ``match_coverage``: selective risk and MFS of every detector, and a
+      paired cluster-bootstrap test of R_ref(κ) − R_other(κ) for the ``reference`` detector (default: the first
+      row whose name starts with "sift", else the first) against every other row. p = 2·min(P*(d ≤ 0),
+      P*(d ≥ 0)) over the bootstrap replicates d (percentile bootstrap test, capped at 1), BH-adjusted.
+      The paper smooths curves by monotone regression; here they are shown raw.
+    """
+    check_same_split(runs)
+    rows = group_runs(runs)
+    axes = preserving_axes(pairs)
+    items = common_items([p for lst in rows.values() for p in lst], pairs=pairs)
+    data = _prepare(rows, pairs, axes, items, selective, calib)
+    names = list(data)
+    if reference is None:
+        reference = next((n for n in names if n.lower().startswith("sift")), names[0] if names else None)
+    elif reference not in data:
+        raise SiftError(f"reference detector {reference!r} not among {names}")
+    results: dict[str, Any] = {"alphas": list(alphas), "delta": selective.delta, "bound": selective.bound,
+                               "coverages": list(coverages), "match_coverage": match_coverage,
+                               "reference": reference, "detectors": {}, "comparisons": {}}
+    d_each = selective.delta / max(len(coverages), 1)
+    sgr_rows, cov_rows, match_rows = [], [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        for name, rds in data.items():
+            res: dict[str, Any] = {"sgr": {}, "by_coverage": {}}
+            for a in alphas:
+                per = []
+                for rd in rds:
+                    cal = match_calibration(rd.pred, calib, name) or rd.pred
+                    r = selective.run(cal.confidence, cal.correct, a)
+                    cov = float(np.mean(rd.rho >= r.threshold)) if r.feasible else 0.0
+                    sel_ = rd.rho >= r.threshold
+                    risk = float(1 - rd.correct[sel_].mean()) if sel_.any() else NAN
+                    per.append({"seed": rd.pred.seed, "threshold": num(r.threshold), "coverage": num(cov),
+                                "risk": num(risk), "bound": num(r.bound_value), "feasible": r.feasible,
+                                "reason": r.reason})
+                res["sgr"][str(a)] = {"runs": per,
+                                      "coverage": num(_seed_mean([x["coverage"] if x["coverage"] is not None
+                                                                  else NAN for x in per])),
+                                      "risk": num(_seed_mean([x["risk"] if x["risk"] is not None else NAN
+                                                              for x in per])),
+                                      "bound": num(_seed_mean([x["bound"] if x["bound"] is not None else NAN
+                                                               for x in per])),
+                                      "n_feasible": sum(x["feasible"] for x in per)}
+                s = res["sgr"][str(a)]
+                sgr_rows.append([name, a, fmt(s["coverage"] if s["coverage"] is not None else NAN),
+                                 fmt(s["risk"] if s["risk"] is not None else NAN),
+                                 fmt(s["bound"] if s["bound"] is not None else NAN), f"{s['n_feasible']}/{len(per)}"])
+            risks, bounds = [], []
+            for c in coverages:
+                rr, bb = [], []
+                for rd in rds:
+                    r, e, n = _risk_at(rd.rho, rd.correct, c)
+                    rr.append(r)
+                    bb.append(risk_upper_bound(e, n, d_each, selective.bound) if n else NAN)  # type: ignore[arg-type]
+                risks.append(_seed_mean(rr))
+                bounds.append(_seed_mean(bb))
+                res["by_coverage"][str(c)] = {"risk": num(risks[-1]), "bound": num(bounds[-1])}
+            cov_rows.append([f"{name} risk", *[fmt(r) for r in risks]])
+            cov_rows.append([f"{name} bound", *[fmt(b) for b in bounds]])
+            grid = np.linspace(0.02, 1.0, 50)
+            res["curve"] = {"coverage": grid.tolist(),
+                            "risk": [num(_seed_mean([_risk_at(rd.rho, rd.correct, c)[0] for rd in rds])) for c in grid]}
+
+            def vec(drawn, rds=rds):
+                rk, mf = [], []
+                for rd in rds:
+                    trow = rd.trace_index.rows(drawn)
+                    prow = rd.pair_index.rows(drawn)
+                    rk.append(_risk_at(rd.rho[trow], rd.correct[trow], match_coverage)[0])
+                    mf.append(_mfs_at(rd, prow, trow, match_coverage))
+                return np.array([_seed_mean(rk), _seed_mean(mf)])
+
+            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
+            res["matched"] = {"risk": _ci_dict(est[0], low[0], high[0]), "mfs": _ci_dict(est[1], low[1], high[1])}
+            match_rows.append([name, fmt_ci(est[0], low[0], high[0]), fmt_ci(est[1], low[1], high[1])])
+            results["detectors"][name] = res
+        # paired tests against the reference
+        comps, pv = [], []
+        if reference is not None:
+            ref = data[reference]
+            for name in names:
+                if name == reference:
+                    continue
+                other = data[name]
+
+                def diff(drawn, ref=ref, other=other):
+                    def r(rds):
+                        return _seed_mean([_risk_at(rd.rho[rd.trace_index.rows(drawn)],
+                                                    rd.correct[rd.trace_index.rows(drawn)], match_coverage)[0]
+                                           for rd in rds])
+                    return np.array([r(ref) - r(other)])
+
+                est, low, high = _paired(diff, len(items), n_resamples, seed)
+                results["comparisons"][name] = {"difference": _ci_dict(est["d"], low, high), "p_value": num(est["p"])}
+                comps.append(name)
+                pv.append(est["p"])
+        if pv and not all(math.isnan(p) for p in pv):
+            bh = benjamini_hochberg(pv, q)
+            for n, pa, rj in zip(comps, bh.p_adjusted, bh.reject):
+                results["comparisons"][n].update(p_bh=num(pa), reject_bh=bool(rj))
+    figures = []
+    if out_dir is not None and names:
+        figures.append(_plot_risk_coverage(results, Path(out_dir), selective.alpha if not alphas else alphas[0]))
+    cmp_rows = [[f"{reference} − {n}", fmt_ci(*(v if v is not None else NAN for v in c["difference"].values())),
+                 fmt(c["p_value"] if c["p_value"] is not None else NAN), fmt(nz(c.get("p_bh")))]
+                for n, c in results["comparisons"].items()]
+    md = [f"SGR: δ = {selective.delta}, {selective.bound} bound, δ split over the candidate grid; calibrated "
+          f"{'on the validation split' if calib else 'in-sample'}; mean over seeds.", "",
+          "**SGR operating points**", "",
+          markdown_table(["Detector", "α", "Coverage", "Selective risk", "Bound", "Feasible"], sgr_rows), "",
+          f"**Selective risk by coverage** (top-κ most confident; bound = one-sided {selective.bound} at "
+          f"δ/{len(coverages)})", "",
+          markdown_table(["Detector", *[f"κ={c:g}" for c in coverages]], cov_rows), "",
+          f"**Coverage-matched comparison at κ = {match_coverage}** (95 % cluster-bootstrap CI)", "",
+          markdown_table(["Detector", "Selective risk", "MFS"], match_rows)]
+    if cmp_rows:
+        md += ["", f"Paired cluster-bootstrap test of the risk difference ({n_resamples} resamples, BH q = {q}):", "",
+               markdown_table(["Difference", "Estimate [95% CI]", "p", "p (BH)"], cmp_rows)]
+    return Section(key, title, "\n".join(md), figures=figures, results=results)
+
+
+def _paired(fn, n_items: int, n_resamples: int, seed: int) -> tuple[dict[str, float], float, float]:
+    """Bootstrap of a scalar difference: estimate, percentile CI and the two-sided bootstrap p-value."""
+    from sift.metrics import cluster_bootstrap
+
+    est = float(fn(None)[0])
+    if n_resamples <= 0 or n_items == 0 or math.isnan(est):
+        return {"d": est, "p": NAN}, NAN, NAN
+    res = cluster_bootstrap(lambda idx: float(fn(idx)[0]), np.arange(n_items), n_resamples, seed,
+                            keep_replicates=True)
+    reps = res.replicates[~np.isnan(res.replicates)] if res.replicates is not None else np.zeros(0)
+    if reps.size == 0:
+        return {"d": est, "p": NAN}, NAN, NAN
+    p = float(min(1.0, 2.0 * min(np.mean(reps <= 0), np.mean(reps >= 0))))
+    return {"d": est, "p": p}, res.low, res.high
+
+
+def _plot_risk_coverage(results: dict[str, Any], out_dir: Path, alpha: float) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    markers = "osD^vP*Xh<>"
+    for i, (name, res) in enumerate(results["detectors"].items()):
+        c = res["curve"]
+        y = [v if v is not None else np.nan for v in c["risk"]]
+        line, = ax.plot(c["coverage"], y, marker=markers[i % len(markers)], markevery=7, ms=4, label=name)
+        op = res["sgr"].get(str(alpha))
+        if op and op["coverage"] and op["risk"] is not None:
+            ax.plot([op["coverage"]], [op["risk"]], marker="*", ms=12, color=line.get_color(), mec="k")
+    ax.axhline(alpha, ls="--", color="grey", lw=1, label=f"α = {alpha}")
+    ax.axvline(results["match_coverage"], ls=":", color="grey", lw=1)
+    ax.set_xlabel("coverage κ")
+    ax.set_ylabel("selective risk")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("Risk–coverage (★ = SGR operating point)")
+    fig.tight_layout()
+    path = out_dir / "risk_coverage.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path.name
+
+
+# ================================================================================================ Table 2
+def transfer_matrix(preds: Mapping[tuple[str, str], Predictions | Sequence[Predictions]], *,
+                    families: Mapping[str, str] | None = None, order: Sequence[str] | None = None,
+                    out_dir: str | Path | None = None, n_resamples: int = 1000, seed: int = 0,
+                    key: str = "transfer_matrix", title: str = "Transfer matrix (Table 2)",
+                    setting: str = "train → test") -> Section:
+    """Paper Table 2: AUROC of a detector trained on ``train_on`` (rows) and tested on ``test_on`` (columns),
+    ``preds[(train_on, test_on)]`` = its run(s) (mean over seeds; 95 % cluster-bootstrap CI per cell). The
+    diagonal is in-distribution; per row: mean off-diagonal transfer and gap = diagonal − mean transfer.
+    ``families`` (name → family) adds within-family vs cross-family mean transfer (Table 2 (b)). A heatmap
+    ``<key>.png`` is written to ``out_dir``.
+    """
+    if not preds:
+        raise SiftError("transfer_matrix: no predictions")
+    names = list(order) if order else sorted({a for a, _ in preds} | {b for _, b in preds})
+    n = len(names)
+    mat = np.full((n, n), NAN)
+    lo_m, hi_m = np.full((n, n), NAN), np.full((n, n), NAN)
+    cells: dict[str, Any] = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        for (tr, te), v in preds.items():
+            runs = _as_list(v)
+            items = common_items(runs)
+            idx = [items.index(r.base_item) for r in runs]
+
+            def vec(drawn, runs=runs, idx=idx):
+                vals = []
+                for r, ix in zip(runs, idx):
+                    rows = ix.rows(drawn)
+                    vals.append(fast_auroc(r.prob[rows], r.label[rows]) if rows.size else NAN)
+                return np.array([_seed_mean(vals)])
+
+            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
+            i, j = names.index(tr), names.index(te)
+            mat[i, j], lo_m[i, j], hi_m[i, j] = est[0], low[0], high[0]
+            cells[f"{tr}->{te}"] = {**_ci_dict(est[0], low[0], high[0]), "n_seeds": len(runs),
+                                    "n_traces": [len(r) for r in runs]}
+    off = ~np.eye(n, dtype=bool)
+    rows_md, per_row = [], {}
+    for i, a in enumerate(names):
+        tv = mat[i][off[i]]
+        tv = tv[~np.isnan(tv)]
+        mt = float(tv.mean()) if tv.size else NAN
+        gap = mat[i, i] - mt if not (math.isnan(mat[i, i]) or math.isnan(mt)) else NAN
+        per_row[a] = {"in_dist": num(mat[i, i]), "mean_transfer": num(mt), "gap": num(gap)}
+        rows_md.append([a, *[fmt_ci(mat[i, j], lo_m[i, j], hi_m[i, j]) for j in range(n)], fmt(mt), fmt(gap)])
+    diag = np.diag(mat)
+    offv = mat[off]
+    summary = {"mean_in_dist": num(np.nanmean(diag)) if np.any(~np.isnan(diag)) else None,
+               "mean_transfer": num(np.nanmean(offv)) if np.any(~np.isnan(offv)) else None}
+    summary["gap"] = num(summary["mean_in_dist"] - summary["mean_transfer"]) if None not in summary.values() else None
+    results: dict[str, Any] = {"names": names, "auroc": [[num(x) for x in r] for r in mat], "cells": cells,
+                               "rows": per_row, "summary": summary, "n_resamples": n_resamples}
+    md = [f"AUROC, rows = trained on, columns = tested on ({setting}); diagonal = in-distribution; 95 % "
+          f"cluster-bootstrap CI.", "",
+          markdown_table(["Train \\ Test", *names, "Mean transfer", "Gap"], rows_md), "",
+          f"Mean in-distribution {fmt(nz(summary['mean_in_dist']))}, mean transfer "
+          f"{fmt(nz(summary['mean_transfer']))}, gap {fmt(summary['gap'] if summary['gap'] is not None else NAN)}."]
+    if families:
+        fam_rows = []
+        within = [mat[i, j] for i in range(n) for j in range(n) if i != j and families.get(names[i]) is not None
+                  and families.get(names[i]) == families.get(names[j]) and not math.isnan(mat[i, j])]
+        cross = [mat[i, j] for i in range(n) for j in range(n) if i != j and families.get(names[i]) is not None
+                 and families.get(names[j]) is not None and families.get(names[i]) != families.get(names[j])
+                 and not math.isnan(mat[i, j])]
+        results["families"] = {"within_family": num(np.mean(within)) if within else None,
+                               "cross_family": num(np.mean(cross)) if cross else None,
+                               "n_within": len(within), "n_cross": len(cross)}
+        for fam in sorted(set(families.values())):
+            srcs = [i for i, a in enumerate(names) if families.get(a) == fam]
+            w = [mat[i, j] for i in srcs for j in range(n) if j != i and families.get(names[j]) == fam]
+            c = [mat[i, j] for i in srcs for j in range(n) if families.get(names[j]) not in (fam, None)]
+            w, c = [x for x in w if not math.isnan(x)], [x for x in c if not math.isnan(x)]
+            results["families"][fam] = {"within": num(np.mean(w)) if w else None, "cross": num(np.mean(c)) if c else None}
+            fam_rows.append([fam, fmt(float(np.mean(w)) if w else NAN), fmt(float(np.mean(c)) if c else NAN)])
+        md += ["", "**By source family** (mean off-diagonal AUROC)", "",
+               markdown_table(["Family", "Within family", "Cross family"], fam_rows)]
+    figures = []
+    if out_dir is not None:
+        figures.append(_plot_matrix(mat, names, Path(out_dir), f"{key}.png", title))
+    return Section(key, title, "\n".join(md), figures=figures, results=results)
+
+
+def _plot_matrix(mat: np.ndarray, names: list[str], out_dir: Path, fname: str, title: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    n = len(names)
+    fig, ax = plt.subplots(figsize=(1.0 + 0.8 * n, 0.8 + 0.7 * n))
+    im = ax.imshow(np.ma.masked_invalid(mat), vmin=0.4, vmax=1.0, cmap="viridis")
+    for i in range(n):
+        for j in range(n):
+            if not math.isnan(mat[i, j]):
+                ax.text(j, i, f"{mat[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                        color="white" if mat[i, j] < 0.75 else "black")
+    ax.set_xticks(range(n), names, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(n), names, fontsize=8)
+    ax.set_xlabel("tested on")
+    ax.set_ylabel("trained on")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, label="AUROC")
+    fig.tight_layout()
+    fig.savefig(out_dir / fname, dpi=120)
+    plt.close(fig)
+    return fname
+
+
+# ================================================================================================ Table 4
+def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs, *,
+                   transfer: Mapping[str, Sequence[Predictions]] | None = None,
+                   calib: dict[str, list[Predictions]] | None = None, reference: str | None = None,
+                   selective: SelectiveConfig = SelectiveConfig(), n_resamples: int = 1000, seed: int = 0,
+                   key: str = "ablations", title: str = "Ablations (Table 4)") -> Section:
+    """Paper Table 4 (a): per variant (ablation name → its seed runs on the test split): in-distribution
+    AUROC, IVR, AS, MFS (full coverage), SGR coverage and certified MFS, and — with ``transfer`` (variant →
+    runs on the shifted split) — transfer AUROC and gap; relative change of IVR and MFS against ``reference``
+    (default: the variant named ``full``/``none``/``Full SIFT``, else the first). Mean over seeds, 95 %
+    cluster-bootstrap CIs. ``calib`` (variant → validation runs) calibrates SGR.
+    """
+    if not ablations:
+        raise SiftError("ablation_table: no variants")
+    variants = list(ablations)
+    if reference is None:
+        reference = next((v for v in variants if v.lower() in ("full", "none", "full sift", "sift")), variants[0])
+    elif reference not in ablations:
+        raise SiftError(f"reference variant {reference!r} not among {variants}")
+    axes = preserving_axes(pairs)
+    rows = {v: _as_list(ablations[v]) for v in variants}
+    trows = {v: _as_list(transfer[v]) for v in variants if transfer and v in transfer}
+    items = common_items([p for l in rows.values() for p in l] + [p for l in trows.values() for p in l], pairs=pairs)
+    data = _prepare(rows, pairs, axes, items, selective, calib)
+    tdata = _prepare(trows, None, axes, items, None, None)
+    keys = ["in_dist_auroc", "ivr", "as", "mfs", "coverage", "cert_mfs", "transfer_auroc", "gap"]
+    results: dict[str, Any] = {"reference": reference, "variants": {}, "n_resamples": n_resamples}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        for v, rds in data.items():
+            tr = tdata.get(v, [])
+
+            def vec(drawn, rds=rds, tr=tr):
+                st = [rd.stats(drawn) for rd in rds]
+                ind = _seed_mean([s["auroc"] for s in st])
+                ta = _seed_mean([t.stats(drawn)["auroc"] for t in tr]) if tr else NAN
+                return np.array([ind, *[_seed_mean([s[k] for s in st]) for k in
+                                        ("ivr", "as_", "mfs", "coverage", "cert_mfs")], ta,
+                                 ind - ta if tr else NAN], float)
+
+            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
+            results["variants"][v] = {k: _ci_dict(a, b, c) for k, a, b, c in zip(keys, est, low, high)}
+            results["variants"][v]["n_seeds"] = len(rds)
+    ref = results["variants"][reference]
+    md_rows = []
+    for v, res in results["variants"].items():
+        for k, rk in (("ivr", "ivr_change"), ("mfs", "mfs_change")):
+            a, b = res[k]["estimate"], ref[k]["estimate"]
+            res[rk] = num((a - b) / b) if a is not None and b not in (None, 0) else None
+        g = lambda k: fmt_ci(*(x if x is not None else NAN for x in res[k].values()))
+        pct = lambda x: "—" if x is None else f"{100 * x:+.0f}%"
+        md_rows.append([v, res["n_seeds"], g("in_dist_auroc"), g("ivr"), pct(res["ivr_change"]), g("as"), g("mfs"),
+                        pct(res["mfs_change"]), g("coverage"), g("cert_mfs"),
+                        *([g("transfer_auroc"), g("gap")] if trows else [])])
+    header = ["Variant", "Seeds", "In-dist", "IVR", "ΔIVR", "AS", "MFS", "ΔMFS", "Coverage κ", "MFS cert",
+              *(["Transfer", "Gap"] if trows else [])]
+    md = (f"Mean over seeds, 95 % cluster-bootstrap CIs; Δ relative to **{reference}**; MFS at full coverage, "
+          f"MFS cert at SGR coverage (α = {selective.alpha}).\n\n" + markdown_table(header, md_rows))
+    return Section(key, title, md, results=results)

@@ -1,0 +1,203 @@
+"""Small pure helpers for the appendix analyses (sift.evaluation.appendix*): a vector-valued cluster
+bootstrap, matched-coverage thresholds, partial correlation, bootstrap p-values and the expected-cost
+curve of paper eq. 43."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from sift.errors import SiftError
+from sift.metrics._checks import UndefinedMetricWarning
+from sift.metrics.bootstrap import cluster_resamples
+
+
+@dataclass(frozen=True, eq=False)
+class BootstrapMany:
+    """Point estimates on the full data and percentile CIs, one per component of the statistic."""
+
+    estimate: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    replicates: np.ndarray  # [n_resamples, k]
+    n_nan: np.ndarray
+
+    def p_value(self, null: float = 0.0) -> np.ndarray:
+        """Two-sided bootstrap p-value of H0: component = ``null`` (CI inversion: 2·min tail share).
+
+        Floored at 1/(valid replicates + 1); NaN where every replicate is NaN.
+        """
+        out = np.full(self.estimate.shape, np.nan)
+        for j in range(self.estimate.size):
+            r = self.replicates[:, j]
+            r = r[~np.isnan(r)]
+            if r.size:
+                p = 2.0 * min(np.mean(r <= null), np.mean(r >= null))
+                out[j] = min(1.0, max(p, 1.0 / (r.size + 1)))
+        return out
+
+
+def cluster_bootstrap_many(
+    statistic: Callable[[np.ndarray], ArrayLike],
+    groups: ArrayLike,
+    n_resamples: int = 1000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> BootstrapMany:
+    """:func:`sift.metrics.cluster_bootstrap` for a vector-valued statistic (same resampling scheme).
+
+    ``statistic(idx)`` returns a 1-D array of k numbers computed on rows ``idx``; every replicate draws
+    as many base items as there are, with replacement, and passes the concatenated rows of the drawn
+    items (a group drawn twice appears twice). Computing all components from one set of replicates keeps
+    their joint distribution (differences of cells, shares of effects) coherent and costs one loop.
+    NaN replicates of a component are dropped from that component's percentiles and counted.
+    """
+    resamples = cluster_resamples(groups, n_resamples, seed, confidence)  # validates the arguments
+    first = next(resamples)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        estimate = np.atleast_1d(np.asarray(statistic(np.arange(np.asarray(groups).size)), dtype=float))
+        reps = np.full((n_resamples, estimate.size), np.nan)
+        for r, idx in enumerate(itertools.chain([first], resamples)):
+            reps[r] = np.asarray(statistic(idx), dtype=float)
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    low = np.full(estimate.size, np.nan)
+    high = np.full(estimate.size, np.nan)
+    n_nan = np.isnan(reps).sum(axis=0)
+    for j in range(estimate.size):
+        v = reps[:, j][~np.isnan(reps[:, j])]
+        if v.size:
+            low[j], high[j] = np.percentile(v, [tail, 100.0 - tail])
+    return BootstrapMany(estimate, low, high, reps, n_nan)
+
+
+def coverage_threshold(rho: ArrayLike, coverage: float) -> float:
+    """Gate threshold t with coverage P(ρ ≥ t) ≈ ``coverage`` (matched-coverage operating point).
+
+    t is the ⌈coverage·n⌉-th largest ρ, so the realised coverage is ≥ ``coverage`` (larger under ties).
+    ``coverage`` = 1 gives min ρ (everything committed); an empty ρ gives +inf (nothing committed).
+    """
+    r = np.asarray(rho, dtype=float)
+    if not 0.0 < coverage <= 1.0:
+        raise SiftError(f"coverage must lie in (0, 1], got {coverage}")
+    if r.size == 0:
+        return math.inf
+    k = max(1, math.ceil(coverage * r.size - 1e-9))
+    return float(np.sort(r)[::-1][k - 1])
+
+
+def partial_correlation(x: ArrayLike, y: ArrayLike, controls: ArrayLike | None) -> float:
+    """Pearson correlation of x and y after removing (OLS with intercept) the linear effect of ``controls``.
+
+    ``controls`` is [n, k] (or None / k = 0: the plain Pearson correlation). NaN when a residual is constant.
+    """
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if controls is not None and np.size(controls):
+        z = np.asarray(controls, float).reshape(len(x), -1)
+        design = np.column_stack([np.ones(len(x)), z])
+        beta_x, *_ = np.linalg.lstsq(design, x, rcond=None)
+        beta_y, *_ = np.linalg.lstsq(design, y, rcond=None)
+        x, y = x - design @ beta_x, y - design @ beta_y
+    return pearson(x, y)
+
+
+def pearson(x: ArrayLike, y: ArrayLike) -> float:
+    """Pearson correlation; NaN (no warning) when either input is constant or has fewer than 2 rows."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    if x.size < 2:
+        return math.nan
+    xc, yc = x - x.mean(), y - y.mean()
+    den = math.sqrt(float(np.dot(xc, xc)) * float(np.dot(yc, yc)))
+    if den <= 1e-12 * max(1.0, float(np.abs(xc).max(initial=0)) * float(np.abs(yc).max(initial=0))):
+        return math.nan
+    return float(np.dot(xc, yc) / den)
+
+
+def expected_cost_curve(
+    confidence: ArrayLike,
+    verdict: ArrayLike,
+    label: ArrayLike,
+    coverages: ArrayLike,
+    c_fn: float,
+    c_fp: float,
+    c_abstain: float,
+    base_rate: float | None = None,
+) -> np.ndarray:
+    """Expected cost per trace at each coverage κ (paper eq. 43, App. C.7.4).
+
+    E[Cost](κ) = κ·[π·FNR(κ)·C_FN + (1−π)·FPR(κ)·C_FP] + (1−κ)·C_A, where the committed set at κ is the
+    ⌈κ·n⌉ traces of highest ρ (stable order on ties), the positive class of the *cost* is "unfaithful"
+    (label 0): a false negative is a committed unfaithful trace judged faithful (verdict 1, label 0),
+    FNR(κ) = FN/#unfaithful committed, FPR(κ) = FP/#faithful committed (0 when the committed set has none
+    of that class), and π is the unfaithful base rate (default: the empirical share of label 0 over all
+    traces; the paper assumes π = 0.4). κ = 0 costs C_A.
+    """
+    rho = np.asarray(confidence, float)
+    v, y = np.asarray(verdict, int), np.asarray(label, int)
+    n = rho.size
+    pi = float(np.mean(y == 0)) if base_rate is None else float(base_rate)
+    order = np.argsort(-rho, kind="mergesort")
+    fn = np.concatenate([[0], np.cumsum(((v == 1) & (y == 0))[order])])
+    fp = np.concatenate([[0], np.cumsum(((v == 0) & (y == 1))[order])])
+    neg = np.concatenate([[0], np.cumsum((y == 0)[order])])
+    pos = np.concatenate([[0], np.cumsum((y == 1)[order])])
+    out = np.empty(len(np.atleast_1d(coverages)))
+    for i, kappa in enumerate(np.atleast_1d(np.asarray(coverages, float))):
+        k = min(n, math.ceil(kappa * n - 1e-9)) if n else 0
+        fnr = fn[k] / neg[k] if neg[k] else 0.0
+        fpr = fp[k] / pos[k] if pos[k] else 0.0
+        out[i] = kappa * (pi * fnr * c_fn + (1.0 - pi) * fpr * c_fp) + (1.0 - kappa) * c_abstain
+    return out
+
+
+def sgr_threshold(
+    confidence: ArrayLike,
+    correct: ArrayLike,
+    alpha: float,
+    delta: float,
+    candidates: ArrayLike | None = None,
+) -> float:
+    """The threshold :func:`sift.metrics.sgr` certifies (Clopper–Pearson bound), without the curve.
+
+    Same rule (every candidate tested, δ' = δ/|𝒯|, smallest feasible t; +inf when none is), computed with
+    ``scipy.special.betaincinv`` directly, which is an order of magnitude faster inside bootstrap loops.
+    """
+    from scipy.special import betaincinv
+
+    from sift.metrics.selective import DEFAULT_CANDIDATES
+
+    rho = np.asarray(confidence, float)
+    err = 1 - np.asarray(correct, int)
+    ts = DEFAULT_CANDIDATES if candidates is None else np.unique(np.asarray(candidates, float))
+    n = rho.size
+    order = np.argsort(rho, kind="mergesort")
+    start = np.searchsorted(rho[order], ts, side="left")
+    n_sel = n - start
+    cum_err = np.concatenate([[0], np.cumsum(err[order][::-1])])
+    e_sel = cum_err[n_sel]
+    ub = np.full(ts.size, np.inf)
+    has = n_sel > 0
+    ub[has] = 1.0
+    part = has & (e_sel < n_sel)
+    ub[part] = betaincinv(e_sel[part] + 1, n_sel[part] - e_sel[part], 1.0 - delta / ts.size)
+    ok = np.flatnonzero(ub <= alpha)
+    return float(ts[ok[0]]) if ok.size else math.inf
+
+
+def fast_auroc(score: ArrayLike, label: ArrayLike) -> float:
+    """AUROC (Mann–Whitney, ties = ½) with one sort; NaN (no warning) for a single class."""
+    s, y = np.asarray(score, float), np.asarray(label, int)
+    npos = int(y.sum())
+    nneg = y.size - npos
+    if npos == 0 or nneg == 0:
+        return math.nan
+    srt = np.sort(s, kind="mergesort")
+    rank = (np.searchsorted(srt, s, "left") + np.searchsorted(srt, s, "right") + 1) / 2.0
+    return float((rank[y == 1].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))

@@ -1,0 +1,80 @@
+"""``sift-companion`` end to end on the tiny config: every family, report.md + results.json with provenance."""
+
+import json
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+import sift.cli.companion as cli  # registers the primary config
+from sift.cli._common import CONFIG_DIR
+from sift.errors import SiftError
+
+
+def _cfg(*overrides):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("sift_companion", overrides=list(overrides))
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+def _word_tokenizer(path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from sift.companion.judge_run import organism_pairs
+
+    words = sorted({w for it in organism_pairs(3) for t in (it.question, *it.candidates) for w in t.split()})
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["<unk>", "<eos>"] + words)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<eos>",
+                            pad_token="<eos>").save_pretrained(str(path))
+    return path
+
+
+def test_config_group_options():
+    for opt in ("none", "all", "tiny", "ice", "edct", "judges", "system1", "detector_shap"):
+        c = _cfg(f"companion={opt}").companion
+        assert c.enabled == (opt != "none")
+    c = _cfg("companion=ice").companion
+    assert c.ice.enabled and not (c.edct.enabled or c.judges.enabled or c.system1.enabled or c.detector_shap.enabled)
+    from sift.companion.report import companion_sections
+
+    assert companion_sections(_cfg("companion=none"), "/nonexistent") == []
+    with pytest.raises(SiftError, match="nothing to run"):
+        cli.run(_cfg("companion=none"))
+
+
+def test_bad_corpus_dir_is_one_clear_error(tmp_path):
+    cfg = _cfg("companion=system1", f"output_dir={tmp_path / 'o'}", f"companion.data.corpus_dir={tmp_path / 'none'}")
+    with pytest.raises(SiftError, match="traces.jsonl: no such file"):
+        cli.run(cfg)
+
+
+def test_sift_companion_tiny_end_to_end(tmp_path):
+    from sift.organism import DEFAULT_CHECKPOINTS
+
+    if not (DEFAULT_CHECKPOINTS / "gpt2" / "config.json").exists():
+        pytest.skip("no organism checkpoint")
+    tok = _word_tokenizer(tmp_path / "tok")
+    out = tmp_path / "out"
+    r = cli.run(_cfg("companion=tiny", f"output_dir={out}", f"companion.judges.tokenizer={tok}"))
+    assert r["sections"] == ["companion_system1", "companion_ice", "companion_edct", "companion_judges",
+                             "companion_detector_shap"]
+    res = json.loads((out / "results.json").read_text())
+    assert res["meta"]["config_hash"] and res["meta"]["seed"] == 0 and res["meta"]["sift_version"]
+    for key in r["sections"]:
+        assert res[key]["provenance"]["config_hash"] == res["meta"]["config_hash"]
+    assert 0 <= res["companion_system1"]["gpt2"]["ece_w"] <= 1
+    assert "attention/deletion" in res["companion_ice"]["gpt2"]["token"]
+    assert res["companion_edct"]["gpt2"]["n_traces"] > 0
+    assert res["companion_judges"]["n_items"] == 3
+    assert res["companion_detector_shap"]["efficiency_error"] < 1e-9
+    md = (out / "report.md").read_text()
+    for title in ("ICE", "EDCT", "System-1", "Cue-anchored judging", "S1-SHAP"):
+        assert title in md
+    for fig in ("reliability_gpt2.png", "ice_win_rates_gpt2.png", "edct_gpt2.png", "detector_groups.png"):
+        assert (out / "companion" / fig).stat().st_size > 0
+    assert (out / "companion" / "judges_records.json").exists()
+    assert all((out / "companion" / f"{k}.json").exists() for k in r["sections"])  # written per family

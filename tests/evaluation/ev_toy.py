@@ -1,0 +1,50 @@
+"""A hand-computable toy: 4 base items, traces b (base), p (paraphrase), h (hint format), a (altered).
+
+Seed 0 (threshold 0.5):          verdicts                 hand values
+  paraphrase pairs b→p: i0 ok, i1 viol, i2 ok, i3 viol    IVR_paraphrase = 2/4
+  hint_format pairs b→h: i0 ok, i2 viol, i3 ok            IVR_hint = 1/3, macro mean 5/12
+  altering b→a: i0 ok, i1 fail, i2 ok, i3 fail            AS = 1/2, MFS = 7/13
+Seed 1 differs on i1/b (0.3) and i3/b (0.6): IVR 1/3 (0, 2/3), AS 1/2, MFS 4/7.
+Seed-repeat (seeds 0, 1, 7 preserving pairs): floor 3/7, shift 3/7, overlap 2/7, raw 4/7.
+Probability-average ensemble (threshold 0.5): IVR (1/4 + 2/3)/2 = 11/24, AS 1/2, MFS 13/25.
+Seed 0 errors at threshold 0.5: i1/p, i3/p, i1/a, i3/a, i2/h → 5 of 15.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sift.evaluation.predictions import Pairs, Predictions
+
+TRACES = {  # trace id: (label, prob seed 0)
+    "i0/b": (1, 0.9), "i1/b": (1, 0.7), "i2/b": (0, 0.3), "i3/b": (0, 0.45),
+    "i0/p": (1, 0.8), "i1/p": (1, 0.4), "i2/p": (0, 0.1), "i3/p": (0, 0.55),
+    "i0/a": (0, 0.2), "i1/a": (0, 0.6), "i2/a": (1, 0.9), "i3/a": (1, 0.35),
+    "i0/h": (1, 0.95), "i2/h": (0, 0.6), "i3/h": (0, 0.2),
+}
+SEED1 = {"i1/b": 0.3, "i3/b": 0.6}
+COND = {"b": "base", "p": "paraphrase", "h": "hint_format", "a": "cue_injection"}
+
+
+def predictions(seed: int | None = 0, detector: str = "toy", split: str = "test", probs: dict | None = None,
+                threshold: float = 0.5) -> Predictions:
+    ids = list(TRACES)
+    prob = {t: v[1] for t, v in TRACES.items()}
+    if seed == 1:
+        prob.update(SEED1)
+    if probs:
+        prob.update(probs)
+    return Predictions(detector, seed, split, threshold, np.array(ids), np.array([t.split("/")[0] for t in ids]),
+                       np.array(["arith"] * len(ids)), np.array(["m0"] * len(ids)),
+                       np.array([COND[t[-1]] for t in ids]), np.array([TRACES[t][0] for t in ids]),
+                       np.array([prob[t] for t in ids]))
+
+
+def pairs() -> Pairs:
+    rows = [("paraphrase", "preserving", f"i{k}/b", f"i{k}/p") for k in range(4)]
+    rows += [("hint_format", "preserving", f"i{k}/b", f"i{k}/h") for k in (0, 2, 3)]
+    rows += [("cue_injection" if TRACES[f"i{k}/b"][0] == 1 else "cue_verbalization", "altering", f"i{k}/b", f"i{k}/a")
+             for k in range(4)]
+    return Pairs(axis=[r[0] for r in rows], kind=[r[1] for r in rows], source_id=[r[2] for r in rows],
+                 shifted_id=[r[3] for r in rows], phi_source=[TRACES[r[2]][0] for r in rows],
+                 phi_shifted=[TRACES[r[3]][0] for r in rows], base_item=[r[2].split("/")[0] for r in rows])

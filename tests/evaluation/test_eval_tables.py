@@ -1,0 +1,158 @@
+"""Report tables on a hand-computable toy (tests/evaluation/ev_toy.py): every number checked by hand."""
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy.stats import beta
+from sklearn.metrics import roc_auc_score
+
+import ev_toy as toy
+from sift.evaluation.analysis import SelectiveConfig, fast_auroc
+from sift.evaluation.predictions import Predictions
+from sift.evaluation.tables import (ablation_table, ensemble_table, main_table, selective_risk_section,
+                                    transfer_matrix)
+
+#: one candidate threshold ρ ≥ 0.75, δ' = δ = 0.5: 7 of 15 traces selected, all correct (see test below)
+CERT = SelectiveConfig(alpha=0.7, delta=0.5, candidates=(0.75,))
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def est(res, key):
+    return res[key]["estimate"]
+
+
+def test_fast_auroc_matches_sklearn_with_ties():
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        n = int(rng.integers(2, 30))
+        s, y = rng.integers(0, 4, n).astype(float), rng.integers(0, 2, n)
+        if 0 < y.sum() < n:
+            assert fast_auroc(s, y) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    assert math.isnan(fast_auroc(np.array([0.2, 0.3]), np.array([1, 1])))
+
+
+def test_main_table_hand_values():
+    runs = {"toy": [toy.predictions(0), toy.predictions(1)]}
+    s = main_table(runs, toy.pairs(), n_resamples=50, selective=CERT)
+    r = s.results["detectors"]["toy"]
+    assert s.results["axes"] == ["paraphrase", "hint_format"]
+    # per-axis IVR, mean over the two seeds: paraphrase (2/4 + 0)/2, hint format (1/3 + 2/3)/2
+    assert est(r, "ivr/paraphrase") == pytest.approx(0.25)
+    assert est(r, "ivr/hint_format") == pytest.approx(0.5)
+    assert est(r, "ivr") == pytest.approx((5 / 12 + 1 / 3) / 2)
+    assert est(r, "as") == pytest.approx(0.5)
+    assert est(r, "mfs") == pytest.approx((7 / 13 + 4 / 7) / 2)
+    aucs = [roc_auc_score(p.label, p.prob) for p in runs["toy"]]
+    assert est(r, "in_dist_auroc") == pytest.approx(np.mean(aucs))
+    assert r["seed_stability"]["std"] == pytest.approx(np.std(aucs, ddof=1))
+    # seed-repeat decomposition over the 7 preserving pairs (App. E.1)
+    d = r["seed_repeat"]
+    assert (d["floor"], d["shift_attributable"], d["overlap"], d["raw"]) == pytest.approx((3 / 7, 3 / 7, 2 / 7, 4 / 7))
+    assert d["raw"] == pytest.approx(d["floor"] + d["shift_attributable"] - d["overlap"])
+    # certified subset: rho >= 0.75 keeps 7/15 traces (all correct: CP bound 1 - 0.5^(1/7) <= 0.7); pairs with
+    # both traces certified all come from item i0: no violation, the altering pair moves -> MFS = kappa
+    sg = r["sgr"][0]
+    assert sg["feasible"] and sg["threshold"] == 0.75 and sg["coverage"] == pytest.approx(7 / 15)
+    assert sg["bound"] == pytest.approx(1 - 0.5 ** (1 / 7))
+    # seed 1 certifies the same traces (its changed traces have rho < 0.75)
+    assert est(r, "coverage") == pytest.approx(7 / 15)
+    assert (est(r, "cert_ivr"), est(r, "cert_as"), est(r, "cert_mfs")) == pytest.approx((0.0, 1.0, 7 / 15))
+    for k in ("ivr", "mfs", "in_dist_auroc"):
+        assert r[k]["low"] <= r[k]["estimate"] + 1e-9 or math.isnan(r[k]["low"])
+    assert "| toy |" in s.markdown and "(c) Seed-repeat" in s.markdown
+
+
+def test_main_table_transfer_gap_and_infeasible_sgr():
+    runs = {"toy": [toy.predictions(0)]}
+    shifted = toy.predictions(0, split="transfer", probs={"i0/b": 0.2, "i1/b": 0.1})  # two positives now ranked low
+    s = main_table(runs, toy.pairs(), transfer={"cross-domain": {"toy": [shifted]}}, n_resamples=0)
+    r = s.results["detectors"]["toy"]
+    a_in = roc_auc_score(runs["toy"][0].label, runs["toy"][0].prob)
+    a_tr = roc_auc_score(shifted.label, shifted.prob)
+    assert est(r, "transfer_auroc/cross-domain") == pytest.approx(a_tr)
+    assert est(r, "gap") == pytest.approx(a_in - a_tr)
+    assert r["ivr"]["low"] is None  # no resamples: no CI
+    # 15 traces cannot certify risk <= 0.25 at delta = 0.05 over 51 candidates
+    assert not r["sgr"][0]["feasible"] and est(r, "coverage") == 0.0 and est(r, "cert_mfs") is None
+    assert r["seed_repeat"]["n_seed_pairs"] == 0
+
+
+def test_ensemble_table_builds_average_and_gain():
+    runs = {"toy": [toy.predictions(0), toy.predictions(1)]}
+    s = ensemble_table(runs, toy.pairs(), n_resamples=20)
+    r = s.results["detectors"]["toy"]
+    assert s.results["built_here"] == ["toy"]
+    assert est(r, "single_mfs") == pytest.approx((7 / 13 + 4 / 7) / 2)
+    assert est(r, "ensemble_ivr") == pytest.approx(11 / 24)
+    assert est(r, "ensemble_as") == pytest.approx(0.5)
+    assert est(r, "ensemble_mfs") == pytest.approx(13 / 25)
+    assert est(r, "gain") == pytest.approx(13 / 25 - (7 / 13 + 4 / 7) / 2)
+    assert "mean of the members' thresholds" in r["threshold_from"]
+    # invariance kept by seed 0 vs the ensemble on 7 preserving pairs: P-i3 only seed 0 loses, H-i3 only the
+    # ensemble loses -> b = 1, c = 1, exact McNemar p = 1
+    t = r["mcnemar_invariance"]
+    assert (t["b"], t["c"], t["n_pairs"]) == (1, 1, 7) and t["p_value"] == pytest.approx(1.0)
+    # a given ensemble (seed None) is used as is
+    ens = toy.predictions(None)
+    s2 = ensemble_table({"toy": [toy.predictions(0), ens]}, toy.pairs(), n_resamples=0)
+    assert s2.results["built_here"] == [] and est(s2.results["detectors"]["toy"], "gain") == pytest.approx(0.0)
+
+
+def test_selective_section_hand_values(tmp_path):
+    runs = {"toy": [toy.predictions(0)], "copy": [toy.predictions(0, detector="copy")]}
+    s = selective_risk_section(runs, toy.pairs(), selective=CERT, alphas=[0.7], coverages=[0.2, 1.0],
+                               match_coverage=0.7, reference="toy", out_dir=tmp_path, n_resamples=50)
+    r = s.results["detectors"]["toy"]
+    # 5 errors of 15 at full coverage; the 3 most confident traces are correct
+    assert r["by_coverage"]["1.0"]["risk"] == pytest.approx(5 / 15)
+    assert r["by_coverage"]["0.2"]["risk"] == 0.0
+    assert r["by_coverage"]["1.0"]["bound"] == pytest.approx(beta.ppf(1 - 0.5 / 2, 6, 10))
+    # kappa = 0.7: the 11 most confident traces (ties by position) hold 2 errors (i3/a, i1/p)
+    assert r["matched"]["risk"]["estimate"] == pytest.approx(2 / 11)
+    op = r["sgr"]["0.7"]
+    assert op["coverage"] == pytest.approx(7 / 15) and op["risk"] == 0.0
+    c = s.results["comparisons"]["copy"]
+    assert c["difference"]["estimate"] == 0.0 and c["p_value"] == pytest.approx(1.0)
+    assert s.figures == ["risk_coverage.png"] and (tmp_path / "risk_coverage.png").stat().st_size > 1000
+
+
+def _cell(probs, labels=(0, 0, 1, 1), items=("a", "b", "c", "d")):
+    n = len(probs)
+    return Predictions("sift", 0, "test", 0.5, np.array([f"t{i}" for i in range(n)]), np.array(items),
+                       np.array(["d"] * n), np.array(["m"] * n), np.array(["base"] * n), np.array(labels),
+                       np.array(probs, float))
+
+
+def test_transfer_matrix_hand_values(tmp_path):
+    cells = {("A", "A"): _cell([0.1, 0.2, 0.8, 0.9]), ("A", "B"): _cell([0.9, 0.8, 0.2, 0.1]),
+             ("B", "A"): _cell([0.5, 0.5, 0.5, 0.5]), ("B", "B"): [_cell([0.1, 0.2, 0.8, 0.9]),
+                                                                     _cell([0.1, 0.9, 0.8, 0.2])]}
+    s = transfer_matrix(cells, families={"A": "f", "B": "f"}, out_dir=tmp_path, n_resamples=20)
+    res = s.results
+    # B->B: mean over two seeds of AUROC 1 and 0.5
+    assert res["auroc"] == [[1.0, 0.0], [0.5, 0.75]]
+    assert res["rows"]["A"] == {"in_dist": 1.0, "mean_transfer": 0.0, "gap": 1.0}
+    assert res["summary"]["mean_in_dist"] == pytest.approx(0.875)
+    assert res["summary"]["mean_transfer"] == pytest.approx(0.25)
+    assert res["summary"]["gap"] == pytest.approx(0.625)
+    assert res["families"]["within_family"] == pytest.approx(0.25) and res["families"]["cross_family"] is None
+    assert (tmp_path / "transfer_matrix.png").is_file()
+
+
+def test_ablation_table_relative_changes():
+    ab = {"full": [toy.predictions(0)], "no_irm": [toy.predictions(1)]}
+    s = ablation_table(ab, toy.pairs(), n_resamples=0)
+    v = s.results["variants"]
+    assert s.results["reference"] == "full"
+    assert v["no_irm"]["ivr_change"] == pytest.approx((1 / 3 - 5 / 12) / (5 / 12))
+    assert v["no_irm"]["mfs_change"] == pytest.approx((4 / 7 - 7 / 13) / (7 / 13))
+    assert v["full"]["ivr_change"] == 0.0
+    assert "-20%" in s.markdown

@@ -1,0 +1,55 @@
+"""The main job end to end on a tiny organism corpus: every stage runs, the report holds finite numbers with
+CIs for every detector, and a rerun reuses every stage."""
+
+import json
+import math
+
+import pytest
+
+from sift.faithshift import compose, run_faithshift
+
+TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "seeds=[0,1]", "max_epochs=2", "ablations=[]",
+        "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap_resamples=30", "wandb=false", "workers=1",
+        "instance_ensemble=[hidden_probe,biasing_features]"]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("faithshift")
+    cfg = compose("faithshift", [f"output_dir={out}", *TINY])
+    return cfg, out, run_faithshift(cfg)
+
+
+def test_every_stage_writes_its_files(job):
+    cfg, out, res = job
+    assert res["runs"] == 4
+    for f in ("corpus/traces.jsonl", "corpus/manifest.json", "trajectories/trajectories.json", "runs/index.json",
+              "report/report.md", "report/results.json"):
+        assert (out / f).is_file(), f
+    for d in ("hidden_probe", "biasing_features"):
+        for s in (0, 1):
+            run = out / "runs" / "main" / d / f"seed{s}"
+            assert json.loads((run / "results.json").read_text())["status"] == "done"
+            assert (run / "predictions" / "test.npz").is_file() and (run / "predictions" / "val.npz").is_file()
+
+
+def test_main_table_has_finite_values_with_cis_for_every_detector(job):
+    _, out, _ = job
+    results = json.loads((out / "report" / "results.json").read_text())
+    report = (out / "report" / "report.md").read_text()
+    main = json.dumps(results["main_table"])
+    for det in ("hidden_probe", "biasing_features", "instance_ensemble"):
+        assert det in main and det in report
+    for det, row in results["main_table"]["detectors"].items():
+        for col in ("in_dist_auroc", "ivr", "as", "mfs", "coverage"):
+            v = row[col]
+            assert math.isfinite(v["estimate"]) and v["low"] <= v["estimate"] + 1e-12 <= v["high"] + 2e-12, (det, col)
+    assert results["meta"]["preset"] == "full" and results["corpus"]["traces"] > 0
+
+
+def test_rerun_reuses_every_stage(job, capsys):
+    cfg, out, _ = job
+    before = {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("results.json")}
+    run_faithshift(cfg)
+    assert "skipping" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("results.json")} == before
