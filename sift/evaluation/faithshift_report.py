@@ -143,11 +143,12 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
             main.setdefault(p.detector, []).append(p)
     common = {"n_resamples": int(cfg.bootstrap_resamples), "seed": int(cfg.seed)}
     inputs = {"runs": main, "pairs": pairs, "traces": TraceTable.from_corpus(corpus), "out_dir": report_dir}
+    sgr = {"alpha": float(cfg.sgr.alpha), "delta": float(cfg.sgr.delta)}  # the report's one SGR operating point
+    options = {"label_noise": {"n_resamples": min(200, common["n_resamples"]), **sgr}, "abstention": sgr}
     extra = []
     for analysis in APPENDIX_ANALYSES:
         try:
-            extra += run_appendix(inputs, names=[analysis.name], common=common,
-                                  options={"label_noise": {"n_resamples": min(200, common["n_resamples"])}})
+            extra += run_appendix(inputs, names=[analysis.name], common=common, options=options)
         except SiftError as e:  # undefined for these runs: say why in the report instead of failing the job
             extra.append(Section(f"appendix_{analysis.name}", f"{analysis.name} (not computed)",
                                  f"_Not computed for this run: {e}_", results={"not_computed": str(e)}))

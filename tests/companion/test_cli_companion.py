@@ -52,6 +52,7 @@ def test_bad_corpus_dir_is_one_clear_error(tmp_path):
         cli.run(cfg)
 
 
+@pytest.mark.slow  # every family end to end: minutes on 2 CPU cores
 def test_sift_companion_tiny_end_to_end(tmp_path):
     from sift.organism import DEFAULT_CHECKPOINTS
 

@@ -79,8 +79,9 @@ def test_tiny_hf_judge_end_to_end(tiny_judge):
     j = HFJudge(m, tok, chat=False, max_explanation_tokens=3)
     lp = j.verdict_logprobs(["Which is better?"])
     assert lp.shape == (3,) and np.all(lp < 0)
+    before = j.n_calls
     r = run_judges(j, organism_pairs(3), probes=["blind", "truth", "flip", "reveal_after"], n_boot=20, progress=False)
     assert r["n_items"] == 3 and set(r["probes"]) == {"truth", "flip", "reveal_after"}
     for d in r["probes"].values():
         assert d["tv"] == pytest.approx(d["lds"] + d["ts"] + d["ols"])
-    assert j.n_calls == 3 * 5  # one scoring pass per prompt (Reveal-After has two turns)
+    assert j.n_calls - before == 3 * 5  # one scoring pass per prompt (Reveal-After has two turns)
