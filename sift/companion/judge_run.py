@@ -91,14 +91,11 @@ class HFJudge:
     def _logits_last(self, seqs: list[list[int]]):
         import torch
 
+        from sift.lm.generation import left_padded
+
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        width = max(map(len, seqs))
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s):] = torch.tensor(s)
-            mask[i, width - len(s):] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, pos = left_padded(seqs, pad)
+        width = ids.shape[1]
         with torch.no_grad():
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
         return out.float().log_softmax(-1), width

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -127,6 +126,8 @@ class OrganismScorer:
     def _run(self, seqs: list[tuple[int, ...]]) -> None:
         import torch
 
+        from sift.lm.generation import left_padded
+
         model, pad = self.src.model, self.src.tokenizer.pad_token_id
         n_pos = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 10**9)
         model.eval()
@@ -137,12 +138,7 @@ class OrganismScorer:
                 width = max(map(len, chunk))
                 if width > n_pos:
                     raise SiftError(f"sequence of {width} tokens exceeds the organism's {n_pos} positions")
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-                mask = torch.zeros_like(ids)
-                for i, p in enumerate(chunk):
-                    ids[i, width - len(p):] = torch.tensor(p)
-                    mask[i, width - len(p):] = 1
-                pos = (mask.cumsum(-1) - 1).clamp(min=0)
+                ids, mask, pos = left_padded(chunk, pad)
                 logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].double().numpy()
                 self.n_forward += len(chunk)
                 for p, row in zip(chunk, logits):

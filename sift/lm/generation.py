@@ -19,6 +19,17 @@ class Generation:
     new_ids: list[int]  # generated ids, eos excluded
 
 
+def left_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad token id lists into (ids, attention_mask, position_ids); positions count real tokens only."""
+    width = max(len(p) for p in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, p in enumerate(seqs):
+        ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
 @torch.no_grad()
 def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id: int, max_new_tokens: int,
                  do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
@@ -29,12 +40,8 @@ def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id
     out: list[Generation] = []
     for start in range(0, len(prompts), batch_size):
         chunk = [list(p) for p in prompts[start:start + batch_size]]
-        width = max(len(p) for p in chunk)
-        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for i, p in enumerate(chunk):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        ids, mask, _ = left_padded(chunk, pad_id)
+        width = ids.shape[1]
         kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_id, use_cache=True)
         if do_sample:
             torch.manual_seed(seed + start)

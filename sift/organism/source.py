@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from sift.errors import SiftError
-from sift.lm.generation import generate_ids
+from sift.lm.generation import generate_ids, left_padded
 from sift.organism.domains import MAX_VALUE, Item
 from sift.organism.render import View, render_prompt, xx_word
 
@@ -87,14 +87,7 @@ class OrganismSource:
         out: list[str] = []
         self.model.eval()
         for s in range(0, len(prefixes), batch_size):
-            chunk = prefixes[s:s + batch_size]
-            width = max(map(len, chunk))
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for i, p in enumerate(chunk):
-                ids[i, width - len(p):] = torch.tensor(p)
-                mask[i, width - len(p):] = 1
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            ids, mask, pos = left_padded(prefixes[s:s + batch_size], pad)
             logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
             out += self.words(logits.argmax(-1).tolist())
         return out
