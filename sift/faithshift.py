@@ -117,42 +117,77 @@ def train_config(cfg: DictConfig, out: Path, spec: RunSpec) -> DictConfig:
                              *([] if cfg.wandb else ["logger=csv"]), *cfg.train_overrides])
 
 
-def train_run(cfg: DictConfig, out: Path, spec: RunSpec) -> dict:
+def train_run(cfg: DictConfig, out: Path, spec: RunSpec) -> tuple[dict, dict[str, Path]]:
+    """Train one run and write its predictions (in the same process, so workers do both in parallel)."""
     import torch
 
     from sift.training import train
 
     torch.set_num_threads(int(cfg.torch_threads))  # fixed per run: results do not depend on `workers`
-    return train(train_config(cfg, out, spec))
+    record = train(train_config(cfg, out, spec))
+    return record, predict_run(cfg, out, spec, record)
 
 
-def _train_in_worker(cfg_yaml: str, out: str, spec: RunSpec) -> dict:
+def _in_worker(fn_name: str, cfg_yaml: str, out: str, spec: RunSpec) -> Any:
     """Process-pool entry point (spawned: configs travel as YAML)."""
-    return train_run(OmegaConf.create(cfg_yaml), Path(out), spec)
+    return globals()[fn_name](OmegaConf.create(cfg_yaml), Path(out), spec)
 
 
-def train_all(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> dict[str, dict]:
-    """Train every run, ``cfg.workers`` at a time (longest first); finished runs are skipped by run hash."""
+def _pool_map(cfg: DictConfig, out: Path, fn_name: str, specs: list[RunSpec],
+              done: Callable[[int, RunSpec, Any], None]) -> None:
+    """``fn_name(cfg, out, spec)`` for every spec, ``cfg.workers`` processes at a time, in order of submission;
+    ``done(i, spec, result)`` as each finishes."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    order = sorted(specs, key=lambda s: (s.detector != "sift", s.key))  # SIFT runs are the long ones
-    records: dict[str, dict] = {}
     if int(cfg.workers) <= 1:
-        for i, spec in enumerate(order, 1):
-            print(f"[faithshift] run {i}/{len(order)}: {spec.key}", flush=True)
-            records[spec.key] = train_run(cfg, out, spec)
-        return records
+        for i, spec in enumerate(specs, 1):
+            done(i, spec, globals()[fn_name](cfg, out, spec))
+        return
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     with ProcessPoolExecutor(int(cfg.workers), mp_context=mp.get_context("spawn")) as pool:
-        jobs = {pool.submit(_train_in_worker, cfg_yaml, str(out), spec): spec for spec in order}
+        jobs = {pool.submit(_in_worker, fn_name, cfg_yaml, str(out), spec): spec for spec in specs}
         for i, job in enumerate(as_completed(jobs), 1):
-            spec = jobs[job]
-            records[spec.key] = job.result()
-            m = records[spec.key].get("metrics", {})
-            print(f"[faithshift] run {i}/{len(order)} done: {spec.key} "
-                  f"val/auroc={m.get('val/auroc') or float('nan'):.3f}", flush=True)
-    return records
+            done(i, jobs[job], job.result())
+
+
+def prepare_split(cfg: DictConfig, out: Path, spec: RunSpec) -> None:
+    """Set up the DataModule of ``spec``'s split once, so its answer-probe cache exists before training."""
+    import torch
+
+    from sift.training import _setup_data
+
+    torch.set_num_threads(int(cfg.torch_threads))
+    _setup_data(train_config(cfg, out, spec))
+
+
+def prepare_splits(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> int:
+    """Fit the early-commitment answer probe of every distinct data split (main, each held-out domain and
+    model) once, in parallel; training runs then read the cached curves instead of refitting them together."""
+    firsts: dict[tuple, RunSpec] = {}
+    for s in specs:
+        firsts.setdefault(tuple(sorted(s.tags.items())) if s.group.startswith("transfer") else (), s)
+    _pool_map(cfg, out, "prepare_split", list(firsts.values()), lambda i, spec, r: None)
+    return len(firsts)
+
+
+def train_all(cfg: DictConfig, out: Path,
+              specs: list[RunSpec]) -> tuple[dict[str, dict], dict[str, dict[str, Path]]]:
+    """Train every run and write its predictions, ``cfg.workers`` at a time (SIFT runs first, the long ones);
+    finished runs are skipped by run hash and up-to-date predictions reused."""
+    order = sorted(specs, key=lambda s: (s.detector != "sift", s.key))
+    records: dict[str, dict] = {}
+    preds: dict[str, dict[str, Path]] = {}
+
+    def done(i: int, spec: RunSpec, result: tuple[dict, dict[str, Path]]) -> None:
+        records[spec.key], preds[spec.key] = result
+        m = records[spec.key].get("metrics", {})
+        print(f"[faithshift] run {i}/{len(order)} done: {spec.key} "
+              f"val/auroc={m.get('val/auroc') or float('nan'):.3f} ({records[spec.key].get('time_s', 0):.0f} s)",
+              flush=True)
+
+    _pool_map(cfg, out, "train_run", order, done)
+    return records, preds
 
 
 def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict[str, Path]:
@@ -194,10 +229,10 @@ def run_faithshift(cfg: DictConfig, on_stage: Callable[[str], None] | None = Non
     with Stage("trajectories"):
         extract(cfg, out)
     specs = plan_runs(cfg)
-    with Stage(f"training {len(specs)} runs ({cfg.workers} at a time)"):
-        records = train_all(cfg, out, specs)
-    with Stage("predictions"):
-        preds = {spec.key: predict_run(cfg, out, spec, records[spec.key]) for spec in specs}
+    with Stage("data splits (answer probes)"):
+        prepare_splits(cfg, out, specs)
+    with Stage(f"training {len(specs)} runs + predictions ({cfg.workers} at a time)"):
+        _, preds = train_all(cfg, out, specs)
     write_json(out / "runs" / "index.json",
                [{"key": s.key, "group": s.group, "detector": s.detector, "seed": s.seed, **s.tags,
                  "predictions": {k: str(v) for k, v in preds[s.key].items()}} for s in specs])

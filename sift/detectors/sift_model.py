@@ -86,8 +86,9 @@ class SIFTNet(nn.Module):
     def __init__(self, in_channels: int, kernels: Sequence[int] = (3, 5, 7, 11), filters: int = 64,
                  d_model: int = 128, n_layers: int = 4, n_heads: int = 8, dim_feedforward: int = 256,
                  dropout: float = 0.1, mlp_hidden: int = 128, use_tcn: bool = True,
-                 use_transformer: bool = True) -> None:
+                 use_transformer: bool = True, encoder_chunk: int = 32) -> None:
         super().__init__()
+        self.encoder_chunk = int(encoder_chunk)
         self.tcn = MaskedTCN(in_channels, kernels, filters) if use_tcn else None
         self.proj = nn.Linear(self.tcn.out_dim if self.tcn is not None else in_channels, d_model)
         if use_transformer:
@@ -107,9 +108,28 @@ class SIFTNet(nn.Module):
         h = self.proj(h)
         h = h + sinusoidal_positions(h.shape[1], h.shape[2], h.device, h.dtype)
         if self.encoder is not None:
-            h = self.encoder(h, src_key_padding_mask=~mask)
+            if self.training and 0 < self.encoder_chunk < h.shape[0]:
+                h = self._encode_by_length(h, mask)
+            else:
+                h = self.encoder(h, src_key_padding_mask=~mask)
         z = self.pool(h, mask)
         return self.head(z).squeeze(-1), z
+
+
+    def _encode_by_length(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The encoder on length-sorted chunks of ``encoder_chunk`` traces, each trimmed to its longest trace.
+
+        The encoder treats traces independently and ignores padded keys, so this is the same function as one
+        padded call (tested with dropout off); it skips the padding that a mixed-length training batch carries
+        (about a third of the steps on the organism), which halves the encoder's training cost on CPU. Padded
+        output rows are 0 (the pooling never reads them)."""
+        assert self.encoder is not None
+        lengths = mask.sum(1)
+        out = h.new_zeros(h.shape)
+        for idx in torch.argsort(lengths, stable=True).split(self.encoder_chunk):
+            T = max(1, int(lengths[idx].max()))
+            out[idx, :T] = self.encoder(h[idx, :T], src_key_padding_mask=~mask[idx, :T])
+        return out
 
 
 class SIFTDetector(DetectorModule):
@@ -126,7 +146,7 @@ class SIFTDetector(DetectorModule):
                  kernels: Sequence[int] = (3, 5, 7, 11), filters: int = 64, d_model: int = 128,
                  n_layers: int = 4, n_heads: int = 8, dim_feedforward: int = 256, dropout: float = 0.1,
                  mlp_hidden: int = 128, use_tcn: bool = True, use_transformer: bool = True,
-                 use_irm: bool = True, irm_lambda: float = 1.0, irm_anneal_steps: int = 0,
+                 encoder_chunk: int = 32, use_irm: bool = True, irm_lambda: float = 1.0, irm_anneal_steps: int = 0,
                  use_dann: bool = True, dann_weight: float = 0.5, dann_domain: str = "env", dann_hidden: int = 128,
                  dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
                  use_attention_stability: bool = True, use_early_commitment: bool = True,
@@ -151,7 +171,7 @@ class SIFTDetector(DetectorModule):
         self.register_buffer("channel_idx", torch.tensor(kept, dtype=torch.long), persistent=False)
         self.standardizer = Standardizer(len(kept)) if standardize else None
         self.net = SIFTNet(len(kept), kernels, filters, d_model, n_layers, n_heads, dim_feedforward, dropout,
-                           mlp_hidden, use_tcn, use_transformer)
+                           mlp_hidden, use_tcn, use_transformer, encoder_chunk)
         self.representation_dim = d_model
         self.build_dann_head()
 

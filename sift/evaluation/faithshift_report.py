@@ -125,10 +125,41 @@ def log_wandb(cfg: DictConfig, report_dir: Path, results_path: Path) -> str | No
     return str(run.dir) if hasattr(run, "dir") else None
 
 
+def _appendix_one(name: str, inputs: dict, common: dict, options: dict) -> Section:
+    from sift.evaluation.appendix import run_appendix
+
+    try:
+        return run_appendix(inputs, names=[name], common=common, options=options)[0]
+    except SiftError as e:  # undefined for these runs: say why in the report instead of failing the job
+        return Section(f"appendix_{name}", f"{name} (not computed)", f"_Not computed for this run: {e}_",
+                       results={"not_computed": str(e)})
+
+
+def appendix_sections(cfg: DictConfig, inputs: dict) -> list[Section]:
+    """Every appendix analysis, ``cfg.workers`` processes at a time, in the order of APPENDIX_ANALYSES.
+
+    Their CIs use ``cfg.appendix_resamples`` base-item resamples (each analysis loops over detectors, seeds,
+    axes and features in every replicate, so it costs far more per resample than the main tables)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    from sift.evaluation.appendix import APPENDIX_ANALYSES
+
+    common = {"n_resamples": int(cfg.get("appendix_resamples", cfg.bootstrap_resamples)), "seed": int(cfg.seed)}
+    sgr = {"alpha": float(cfg.sgr.alpha), "delta": float(cfg.sgr.delta)}  # the report's one SGR operating point
+    options = {"label_noise": sgr, "abstention": sgr}
+    names = [a.name for a in APPENDIX_ANALYSES]
+    if int(cfg.workers) <= 1:
+        return [_appendix_one(n, inputs, common, options) for n in names]
+    with ProcessPoolExecutor(int(cfg.workers), mp_context=mp.get_context("spawn")) as pool:
+        jobs = [pool.submit(_appendix_one, n, inputs, common, options) for n in names]
+        return [j.result() for j in jobs]
+
+
 def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict[str, dict[str, Path]]) -> dict:
     """Assemble every section and write ``<out>/report/{report.md,results.json}``; returns their paths."""
     from sift.evaluation.analysis import SelectiveConfig
-    from sift.evaluation.appendix import APPENDIX_ANALYSES, TraceTable, run_appendix
+    from sift.evaluation.appendix import TraceTable
     from sift.evaluation.run import companion, report_from_predictions
     from sift.provenance import config_hash
 
@@ -143,15 +174,7 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
             main.setdefault(p.detector, []).append(p)
     common = {"n_resamples": int(cfg.bootstrap_resamples), "seed": int(cfg.seed)}
     inputs = {"runs": main, "pairs": pairs, "traces": TraceTable.from_corpus(corpus), "out_dir": report_dir}
-    sgr = {"alpha": float(cfg.sgr.alpha), "delta": float(cfg.sgr.delta)}  # the report's one SGR operating point
-    options = {"label_noise": {"n_resamples": min(200, common["n_resamples"]), **sgr}, "abstention": sgr}
-    extra = []
-    for analysis in APPENDIX_ANALYSES:
-        try:
-            extra += run_appendix(inputs, names=[analysis.name], common=common, options=options)
-        except SiftError as e:  # undefined for these runs: say why in the report instead of failing the job
-            extra.append(Section(f"appendix_{analysis.name}", f"{analysis.name} (not computed)",
-                                 f"_Not computed for this run: {e}_", results={"not_computed": str(e)}))
+    extra = appendix_sections(cfg, inputs)
     extra += companion(cfg, report_dir)
     meta = {"config_hash": config_hash(OmegaConf.to_container(cfg, resolve=True)), "preset": cfg.preset_name,
             "seeds": list(cfg.seeds), "runs": [s.key for s in specs]}

@@ -55,6 +55,29 @@ def test_padding_does_not_leak_into_training_batchnorm_statistics():
         torch.testing.assert_close(bn.running_mean, a)
 
 
+def test_length_chunked_training_encoder_is_the_same_function():
+    """Training runs the encoder on length-sorted chunks trimmed to their longest trace: with dropout off, the
+    logits, pooled representation and every gradient equal one padded call."""
+    g = torch.Generator().manual_seed(3)
+    B, T = 11, 16
+    x = torch.randn(B, T, 9, generator=g)
+    lengths = torch.tensor([16, 3, 9, 1, 12, 5, 16, 7, 2, 10, 4])
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    outs = []
+    for chunk in (0, 3):
+        torch.manual_seed(0)
+        net = SIFTNet(9, dropout=0.0, encoder_chunk=chunk).train()
+        logits, z = net(x, mask)
+        (logits.square().sum() + z.sum()).backward()
+        outs.append((logits, z, {n: p.grad.clone() for n, p in net.named_parameters()}))
+    (l0, z0, g0), (l1, z1, g1) = outs
+    torch.testing.assert_close(l1, l0, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(z1, z0, atol=1e-5, rtol=1e-5)
+    assert g0.keys() == g1.keys()
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], atol=1e-4, rtol=1e-4, msg=n)
+
+
 def test_paper_architecture_shapes():
     m = SIFTDetector(**DATA)
     net = m.net
