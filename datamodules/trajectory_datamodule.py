@@ -41,6 +41,7 @@ from typing import Any, Iterator, NamedTuple, Sequence
 import numpy as np
 import pytorch_lightning as pl
 import torch
+from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from datamodules.batch import PairIndex, TraceBatch, TraceExample, collate
@@ -178,7 +179,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
                  env_batch_size: int | None = None, seed: int = 0, split: Sequence[float] = (0.6, 0.15, 0.25),
                  models: Sequence[str] | None = None, holdout_domain: str | None = None,
                  holdout_model: str | None = None, env_by: str = "condition", drop_channels: Sequence[str] = (),
-                 probe_C: float = 1.0, probe_max_samples: int = 50_000, num_workers: int = 0,
+                 probe_C: float = 1.0, probe_max_samples: int = 20_000, num_workers: int = 0,
                  length_buckets: int = 8):
         super().__init__()
         if env_by not in ("condition", "condition_model"):
@@ -284,8 +285,17 @@ class TrajectoryDataModule(pl.LightningDataModule):
     def _load_descriptors(self, info: dict) -> None:
         """Pass 1 over the shards: descriptors, pooled states, scalars; a probe sample of train states.
         Pass 2 (skipped when cached): the answer probe's curves e_t and early commitment."""
-        probe_item = self.split_items["train"]
         cache_path = self._probe_cache(info)
+        if cache_path.is_file():
+            return self._read_descriptors(info, cache_path)
+        # parallel runs on the same split (sift-faithshift workers): the first fits the probe, the others wait
+        # for its cache instead of fitting it again
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(cache_path) + ".lock"):
+            self._read_descriptors(info, cache_path)
+
+    def _read_descriptors(self, info: dict, cache_path: Path) -> None:
+        probe_item = self.split_items["train"]
         cached = torch.load(cache_path, weights_only=True) if cache_path.is_file() else None
         n_train = {m: 0 for m in info}
         for t in self.traces.values():

@@ -151,26 +151,6 @@ def _pool_map(cfg: DictConfig, out: Path, fn_name: str, specs: list[RunSpec],
             done(i, jobs[job], job.result())
 
 
-def prepare_split(cfg: DictConfig, out: Path, spec: RunSpec) -> None:
-    """Set up the DataModule of ``spec``'s split once, so its answer-probe cache exists before training."""
-    import torch
-
-    from sift.training import _setup_data
-
-    torch.set_num_threads(int(cfg.torch_threads))
-    _setup_data(train_config(cfg, out, spec))
-
-
-def prepare_splits(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> int:
-    """Fit the early-commitment answer probe of every distinct data split (main, each held-out domain and
-    model) once, in parallel; training runs then read the cached curves instead of refitting them together."""
-    firsts: dict[tuple, RunSpec] = {}
-    for s in specs:
-        firsts.setdefault(tuple(sorted(s.tags.items())) if s.group.startswith("transfer") else (), s)
-    _pool_map(cfg, out, "prepare_split", list(firsts.values()), lambda i, spec, r: None)
-    return len(firsts)
-
-
 def train_all(cfg: DictConfig, out: Path,
               specs: list[RunSpec]) -> tuple[dict[str, dict], dict[str, dict[str, Path]]]:
     """Train every run and write its predictions, ``cfg.workers`` at a time (SIFT runs first, the long ones);
@@ -229,8 +209,6 @@ def run_faithshift(cfg: DictConfig, on_stage: Callable[[str], None] | None = Non
     with Stage("trajectories"):
         extract(cfg, out)
     specs = plan_runs(cfg)
-    with Stage("data splits (answer probes)"):
-        prepare_splits(cfg, out, specs)
     with Stage(f"training {len(specs)} runs + predictions ({cfg.workers} at a time)"):
         _, preds = train_all(cfg, out, specs)
     write_json(out / "runs" / "index.json",

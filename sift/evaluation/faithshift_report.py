@@ -77,6 +77,28 @@ def instance_ensembles(preds: list[Predictions], members: list[str]) -> list[Pre
     return out
 
 
+def instance_ensemble_transfer(specs: list, files: dict[str, dict[str, Path]],
+                               members: list[str]) -> list[Predictions]:
+    """The instance-level ensemble on each transfer setting: per held-out domain / model and seed, the average of
+    the members' transfer-run predictions, its threshold frozen on their averaged validation predictions."""
+    runs: dict[tuple, dict[str, Any]] = {}
+    for spec in specs:
+        if spec.group in TRANSFER_SETTING and spec.detector in members:
+            held = spec.tags.get("holdout_domain") or spec.tags.get("holdout_model")
+            runs.setdefault((spec.group, held, spec.seed), {})[spec.detector] = files.get(spec.key, {})
+    out = []
+    for (group, held, seed), by in sorted(runs.items(), key=str):
+        if not all(d in by and {"val", "transfer"} <= set(by[d]) for d in members):
+            continue
+        val = average([Predictions.load(by[d]["val"]) for d in members], "instance_ensemble", 0.5)
+        thr = fit_threshold(val.prob, val.label)
+        e = average([Predictions.load(by[d]["transfer"]) for d in members], "instance_ensemble", thr)
+        out.append(Predictions("instance_ensemble", seed, "transfer", thr, e.trace_id, e.base_item, e.domain,
+                               e.model, e.condition, e.label, e.prob,
+                               meta={"members": members, "transfer_setting": f"{TRANSFER_SETTING[group]} ({held})"}))
+    return out
+
+
 def corpus_section(corpus_dir: Path) -> Section:
     """What the detectors were trained and evaluated on (from the corpus manifest)."""
     import json
@@ -168,6 +190,7 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     pairs = Pairs.from_corpus(corpus)
     preds = load_predictions(specs, files)
     preds += instance_ensembles(preds, list(cfg.instance_ensemble))
+    preds += instance_ensemble_transfer(specs, files, list(cfg.instance_ensemble))
     main = {}
     for p in preds:
         if p.split == "test" and not ({"transfer_setting", "ablation", "matrix"} & set(p.meta)):

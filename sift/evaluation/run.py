@@ -150,6 +150,12 @@ def run_key(p: Predictions) -> str:
     return p.detector if ab in (None, "", "none") else f"{p.detector} [{ab}]"
 
 
+def is_variant(p: Predictions) -> bool:
+    """A SIFT ablation (``meta['ablation']``) or factorial cell (``meta['variant']``): reported in Table 4 /
+    appendix F, not as a detector of Tables 1, 3 and 8."""
+    return p.meta.get("ablation") not in (None, "", "none") or bool(p.meta.get("variant"))
+
+
 def _group(preds: Iterable[Predictions]) -> dict[str, list[Predictions]]:
     out: dict[str, list[Predictions]] = {}
     for p in preds:
@@ -196,14 +202,17 @@ def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, ou
             transfer.setdefault(str(p.meta.get("transfer_setting", "transfer")), {}).setdefault(run_key(p), []).append(p)
     sections: list[Section] = []
     common = dict(n_resamples=n_resamples, seed=seed)
+    # Tables 1, 3 and 8 list the detectors; ablations and factorial cells have Table 4 and appendix F
+    primary = {k: v for k, v in test.items() if not any(is_variant(p) for p in v)} or test
     if test:
-        sections.append(T.main_table(test, pairs, transfer=transfer or None, calib=calib, selective=selective,
+        sections.append(T.main_table(primary, pairs, transfer=transfer or None, calib=calib, selective=selective,
                                      **common))
-        if any(len([p for p in v if p.seed is not None]) >= 2 or any(p.seed is None for p in v) for v in test.values()):
-            sections.append(T.ensemble_table(test, pairs, calib=calib, **common))
-        sections.append(T.selective_risk_section(test, pairs, calib=calib, selective=selective, alphas=alphas,
+        if any(len([p for p in v if p.seed is not None]) >= 2 or any(p.seed is None for p in v)
+               for v in primary.values()):
+            sections.append(T.ensemble_table(primary, pairs, calib=calib, **common))
+        sections.append(T.selective_risk_section(primary, pairs, calib=calib, selective=selective, alphas=alphas,
                                                  coverages=coverages, match_coverage=match_coverage,
-                                                 reference=reference if reference in T.group_runs(test) else None,
+                                                 reference=reference if reference in T.group_runs(primary) else None,
                                                  out_dir=out_dir, **common))
         # ablations: a detector with runs of several ablation variants
         by_det: dict[str, dict[str, list[Predictions]]] = {}

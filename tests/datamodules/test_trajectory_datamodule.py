@@ -1,7 +1,10 @@
 """TrajectoryDataModule: grouped splits, environment-balanced training steps, pairs, transfer, features, errors."""
 
 import json
+import os
 import shutil
+import sys
+import time
 
 import pytest
 import torch
@@ -207,6 +210,44 @@ def test_answer_probe_is_fit_once_per_split_and_cached(traj, monkeypatch):
     other = TrajectoryDataModule(traj / "traj", seed=12)  # other split → other train items → a new fit
     other.setup()
     assert len(fits) == 2  # one probe per source model
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="uses fork")
+def test_parallel_setups_of_one_split_fit_the_answer_probe_once(traj, tmp_path, monkeypatch):
+    """Two processes setting up the same uncached split at once: one fits the probes, the other waits for the
+    cache (a file lock), and both get the same early-commitment channel."""
+    import multiprocessing as mp
+
+    from sift.trajectories import probe as P
+
+    log = tmp_path / "fits.log"
+    real = P.AnswerProbe.fit
+
+    def logged(self, X, y):
+        time.sleep(0.5)  # keep the first fit in progress while the other process arrives
+        with open(log, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        return real(self, X, y)
+
+    monkeypatch.setattr(P.AnswerProbe, "fit", logged)
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_setup_and_report, args=(traj / "traj", 23, out)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    got = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    fits = log.read_text().split()
+    assert len(fits) == 2 and len(set(fits)) == 1  # one probe per source model, both in one process
+    assert got[0] == got[1] and len(got[0]) > 0
+
+
+def _setup_and_report(path, seed, out):
+    dm = TrajectoryDataModule(path, seed=seed)
+    dm.setup()
+    out.put(torch.cat([e.x for e in dm.dataset("train").examples]).tolist())  # plain lists: no shared memory
 
 
 def test_length_buckets_keep_the_traces_and_cut_padding():
