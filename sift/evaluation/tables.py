@@ -109,6 +109,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     names = ["in_dist_auroc", *[f"transfer_auroc/{s}" for s in settings], "gap",
              *[f"ivr/{a}" for a in axes], "ivr", "as", "mfs", "coverage", "cert_ivr", "cert_as", "cert_mfs"]
     tables = {"a": [], "b": [], "d": [], "c": [], "e": []}
+    undefined_notes: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         for row, rds in data.items():
@@ -139,6 +140,11 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                            "feasible": rd.sgr.feasible, "reason": rd.sgr.reason} for rd in rds if rd.sgr is not None]
             res["n_traces"] = [len(rd.pred) for rd in rds]
             res["n_pairs"] = [rd.n_pairs for rd in rds]
+            by_reason: dict[str, list[str]] = {}
+            for n, why in _undefined_reasons(res, rds, trds, names).items():
+                res[n]["reason"] = why
+                by_reason.setdefault(why, []).append(n)
+            undefined_notes += [f"{row} · {', '.join(cols)}: {why}" for why, cols in by_reason.items()]
             dec = seed_repeat(rds, n_resamples, seed)
             res["seed_repeat"] = dec
             results["detectors"][row] = res
@@ -170,7 +176,37 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                          tables["d"]), "",
           "**(e) Seed stability** (in-distribution AUROC)", "",
           markdown_table(["Detector", "Seeds", "Mean ± std"], tables["e"])]
+    if undefined_notes:  # every "—" above, with the reason (also under "reason" in results.json)
+        md += ["", "**Undefined cells (—)**", "", *[f"- {line}" for line in undefined_notes]]
     return Section(key, title, "\n".join(md), results=results)
+
+
+def _undefined_reasons(res: dict[str, Any], rds: list[RunData], trds: Mapping[str, list[RunData]],
+                       names: Sequence[str]) -> dict[str, str]:
+    """Why each main-table column without an estimate is undefined for one detector row."""
+    out: dict[str, str] = {}
+    sgr = [rd.sgr for rd in rds if rd.sgr is not None]
+    for n in names:
+        if res[n]["estimate"] is not None:
+            continue
+        if n.startswith("transfer_auroc/"):
+            setting = n.split("/", 1)[1]
+            out[n] = (f"no transfer run of this detector for {setting}" if not trds.get(setting)
+                      else "AUROC undefined: the transfer split has one class only")
+        elif n == "gap":
+            out[n] = "no transfer AUROC to compare with"
+        elif n.startswith("ivr/"):
+            out[n] = f"no verified {n[4:]} pairs whose both traces were evaluated"
+        elif n.startswith("cert_"):
+            if sgr and not any(r.feasible for r in sgr):
+                out[n] = f"nothing certified (coverage 0): {sgr[0].reason}"
+            else:
+                out[n] = "no pair has both traces certified at the SGR threshold"
+        elif n == "in_dist_auroc":
+            out[n] = "AUROC undefined: the test split has one class only"
+        else:
+            out[n] = "undefined on these runs (no verified pairs of the needed kind)"
+    return out
 
 
 def seed_repeat(rds: list[RunData], n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:

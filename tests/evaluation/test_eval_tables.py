@@ -83,6 +83,21 @@ def test_main_table_transfer_gap_and_infeasible_sgr():
     # 15 traces cannot certify risk <= 0.25 at delta = 0.05 over 51 candidates
     assert not r["sgr"][0]["feasible"] and est(r, "coverage") == 0.0 and est(r, "cert_mfs") is None
     assert r["seed_repeat"]["n_seed_pairs"] == 0
+    # every undefined cell says why, in results.json and under the table
+    assert r["cert_mfs"]["reason"].startswith("nothing certified (coverage 0): SGR infeasible")
+    assert "reason" not in r["mfs"] and "reason" not in r["gap"]
+    assert "toy · cert_ivr, cert_as, cert_mfs: nothing certified" in s.markdown
+
+
+def test_main_table_says_which_detector_lacks_a_transfer_run():
+    runs = {"toy": [toy.predictions(0)], "other": [toy.predictions(1)]}
+    shifted = toy.predictions(0, split="transfer")
+    s = main_table(runs, toy.pairs(), transfer={"cross-domain": {"toy": [shifted]}}, n_resamples=0)
+    r = s.results["detectors"]["other"]
+    assert est(r, "transfer_auroc/cross-domain") is None and est(r, "gap") is None
+    assert r["transfer_auroc/cross-domain"]["reason"] == "no transfer run of this detector for cross-domain"
+    assert r["gap"]["reason"] == "no transfer AUROC to compare with"
+    assert "reason" not in s.results["detectors"]["toy"]["transfer_auroc/cross-domain"]
 
 
 def test_ensemble_table_builds_average_and_gain():
