@@ -20,6 +20,10 @@ Lengths (``--lengths``): ``full`` (every trace T_max steps, the worst case), ``r
 trace, from the shards' ``bin_offsets``) or a corpus ``traces.jsonl`` (CoT token count per trace clamped to
 T_max, which is what extraction bins to). Lengths are drawn from that distribution for the batch.
 
+Also printed (CPU): a roofline, the fast path's FLOPs per trace (``torch.utils.flop_counter``) against this
+machine's measured fp32 GEMM rate, i.e. the most traces/s any fp32 implementation of the architecture can reach
+here; it says whether a target is a matter of code or of cores.
+
 Defaults: T_max = 64 steps (``configs/extract.yaml``) and C = 9 channels (the organism: 4 blocks → 3 velocities,
 4 drifts, EC, attention stability). Reported: wall-clock traces/s (median of ``--iters`` batches) and traces
 per CPU-second of this process (on a shared machine, the rate the busy wall clock cannot show).
@@ -52,7 +56,7 @@ def lengths_from(path: str, t_max: int) -> tuple[torch.Tensor, int | None]:
                 meta = f.metadata() or {}
             ns.append(off[1:] - off[:-1])
             if channels is None and "channels" in meta:
-                channels = len(json.loads(meta["channels"]))
+                channels = len(json.loads(meta["channels"])) + 1  # + early commitment (added by the DataModule)
         return torch.cat(ns).clamp(max=t_max), channels
     n = []
     with open(p) as fh:
@@ -75,6 +79,32 @@ def _time(fn, x, mask, iters: int, warmup: int, sync) -> tuple[list[float], list
         wall.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     return sorted(wall), sorted(cpu)
+
+
+def flops_per_trace(fn, x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Floating-point operations of one call per trace (torch's FlopCounterMode: matmuls, convolutions,
+    attention; elementwise ops are not counted, so this is a lower bound of the work)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn(x, mask)
+    return counter.get_total_flops() / x.shape[0]
+
+
+def gemm_rate(threads: int, repeats: int = 20) -> float:
+    """This machine's fp32 matmul rate (FLOP/s) at SIFT's typical GEMM shape ([4096, 128] @ [128, 384], the
+    attention in-projection of a chunk), best of ``repeats``: the ceiling any fp32 implementation can reach."""
+    a, b = torch.randn(4096, 128), torch.randn(128, 384)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(3):
+            a @ b
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                a @ b
+            best = min(best, (time.perf_counter() - t0) / 10)
+    return 2 * 4096 * 128 * 384 / best
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -139,6 +169,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ref_logits = reference(x, mask)[0]
     fast_logits = impls["fast"](x, mask)[0] if "fast" in impls else None
     results = []
+    roofline = None
+    if dev.type == "cpu" and "fast" in impls:
+        fl = flops_per_trace(impls["fast"], x, mask)
+        rate = gemm_rate(torch.get_num_threads())
+        roofline = {"flops_per_trace": fl, "gemm_flops_per_s": rate, "max_traces_per_s": rate / fl}
     for name in a.impl:
         fn = impls[name]
         check = ""
@@ -157,7 +192,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                "batch": a.batch, "t_max": a.t_max, "mean_len": float(lengths.float().mean()),
                "lengths": src, "channels": C, "device": str(dev), "threads": torch.get_num_threads(),
                "median_batch_s": med, "check": check, "torch": torch.__version__,
-               "parameters": sum(p.numel() for p in net.parameters())}
+               "parameters": sum(p.numel() for p in net.parameters()), "roofline": roofline}
         results.append(res)
         if a.json:
             print(json.dumps(res))
@@ -170,6 +205,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(f"  on {dev}, {torch.get_num_threads()} threads, batch {a.batch}, C={C}, T_max={a.t_max}, lengths "
               f"{src}, batch mean length {res['mean_len']:.1f}, {res['parameters']:,} parameters, torch "
               f"{torch.__version__}")
+        if roofline:
+            print(f"  roofline: {roofline['flops_per_trace'] / 1e6:.1f} MFLOP per trace (fast path, matmul/conv/"
+                  f"attention only); this machine's fp32 GEMM rate at {torch.get_num_threads()} threads "
+                  f"{roofline['gemm_flops_per_s'] / 1e9:.1f} GFLOP/s → at most "
+                  f"{roofline['max_traces_per_s']:,.0f} traces/s in fp32 for this architecture")
     return results
 
 

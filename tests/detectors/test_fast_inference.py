@@ -138,3 +138,23 @@ def test_int8_probabilities_agree_with_fp32_within_tolerance():
     p8 = torch.sigmoid(q(x, mask)[0])
     assert fp32.std() > 0.1, fp32  # the comparison is not trivial
     assert (p8 - fp32).abs().max() <= INT8_PROB_ATOL and (p8 - fp32).abs().mean() <= 0.03
+
+
+def _bench_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "bench_sift_throughput.py"
+    spec = importlib.util.spec_from_file_location("bench_sift_throughput", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_roofline_counts_matmul_flops_per_trace():
+    """The throughput benchmark's roofline: FLOPs per trace of a Linear on [B, T, 128] → 256 is 2·T·128·256."""
+    bench = _bench_module()
+    lin = torch.nn.Linear(128, 256)
+    x, mask = torch.randn(8, 10, 128), torch.ones(8, 10, dtype=torch.bool)
+    assert bench.flops_per_trace(lambda a, m: lin(a), x, mask) == 2 * 10 * 128 * 256
+    assert bench.gemm_rate(1, repeats=2) > 1e8  # any CPU multiplies faster than 0.1 GFLOP/s
