@@ -53,3 +53,19 @@ def test_rerun_reuses_every_stage(job, capsys):
     run_faithshift(cfg)
     assert "skipping" in capsys.readouterr().out
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").rglob("results.json")} == before
+
+
+def test_parallel_workers_give_the_same_predictions(job, tmp_path):
+    """Two worker processes (the default) train and predict exactly what one process does."""
+    import numpy as np
+
+    _, out1, _ = job
+    cfg = compose("faithshift", [f"output_dir={tmp_path}", *[o for o in TINY if not o.startswith("workers=")],
+                                 "workers=2"])
+    run_faithshift(cfg)
+    for d in ("hidden_probe", "biasing_features"):
+        for s in (0, 1):
+            a = np.load(out1 / "runs" / "main" / d / f"seed{s}" / "predictions" / "test.npz")
+            b = np.load(tmp_path / "runs" / "main" / d / f"seed{s}" / "predictions" / "test.npz")
+            assert list(a["trace_id"]) == list(b["trace_id"])
+            np.testing.assert_array_equal(a["prob"], b["prob"])
