@@ -128,33 +128,18 @@ def train_run(cfg: DictConfig, out: Path, spec: RunSpec) -> tuple[dict, dict[str
     return record, predict_run(cfg, out, spec, record)
 
 
-def _in_worker(fn_name: str, cfg_yaml: str, out: str, spec: RunSpec) -> Any:
+def _train_in_worker(cfg_yaml: str, out: str, spec: RunSpec) -> tuple[dict, dict[str, Path]]:
     """Process-pool entry point (spawned: configs travel as YAML)."""
-    return globals()[fn_name](OmegaConf.create(cfg_yaml), Path(out), spec)
-
-
-def _pool_map(cfg: DictConfig, out: Path, fn_name: str, specs: list[RunSpec],
-              done: Callable[[int, RunSpec, Any], None]) -> None:
-    """``fn_name(cfg, out, spec)`` for every spec, ``cfg.workers`` processes at a time, in order of submission;
-    ``done(i, spec, result)`` as each finishes."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    if int(cfg.workers) <= 1:
-        for i, spec in enumerate(specs, 1):
-            done(i, spec, globals()[fn_name](cfg, out, spec))
-        return
-    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    with ProcessPoolExecutor(int(cfg.workers), mp_context=mp.get_context("spawn")) as pool:
-        jobs = {pool.submit(_in_worker, fn_name, cfg_yaml, str(out), spec): spec for spec in specs}
-        for i, job in enumerate(as_completed(jobs), 1):
-            done(i, jobs[job], job.result())
+    return train_run(OmegaConf.create(cfg_yaml), Path(out), spec)
 
 
 def train_all(cfg: DictConfig, out: Path,
               specs: list[RunSpec]) -> tuple[dict[str, dict], dict[str, dict[str, Path]]]:
-    """Train every run and write its predictions, ``cfg.workers`` at a time (SIFT runs first, the long ones);
-    finished runs are skipped by run hash and up-to-date predictions reused."""
+    """Train every run and write its predictions, ``cfg.workers`` processes at a time (SIFT runs first, the long
+    ones); finished runs are skipped by run hash and up-to-date predictions reused."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
     order = sorted(specs, key=lambda s: (s.detector != "sift", s.key))
     records: dict[str, dict] = {}
     preds: dict[str, dict[str, Path]] = {}
@@ -166,7 +151,15 @@ def train_all(cfg: DictConfig, out: Path,
               f"val/auroc={m.get('val/auroc') or float('nan'):.3f} ({records[spec.key].get('time_s', 0):.0f} s)",
               flush=True)
 
-    _pool_map(cfg, out, "train_run", order, done)
+    if int(cfg.workers) <= 1:
+        for i, spec in enumerate(order, 1):
+            done(i, spec, train_run(cfg, out, spec))
+        return records, preds
+    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    with ProcessPoolExecutor(int(cfg.workers), mp_context=mp.get_context("spawn")) as pool:
+        jobs = {pool.submit(_train_in_worker, cfg_yaml, str(out), spec): spec for spec in order}
+        for i, job in enumerate(as_completed(jobs), 1):
+            done(i, jobs[job], job.result())
     return records, preds
 
 

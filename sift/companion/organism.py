@@ -16,13 +16,13 @@ space at the position after ``answer :``, teacher-forced on the trace's exact to
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from sift.corpus.store import iter_jsonl
 from sift.errors import SiftError
 
 REQUIRED_FIELDS = ("trace_id", "base_item", "domain", "family", "condition", "prompt_ids", "generated_ids",
@@ -45,20 +45,13 @@ def _read_traces(path: Path) -> list[dict]:
     if key in _READ_CACHE:
         return _READ_CACHE[key]
     out: list[dict] = []
-    with open(path) as fh:
-        for ln, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SiftError(f"{path}:{ln}: not valid JSON ({e.msg})") from None
-            miss = [f for f in REQUIRED_FIELDS if f not in r]
-            if miss:
-                raise SiftError(f"{path}:{ln}: missing field(s) {miss}")
-            if not (isinstance(r["cot_span"], list) and len(r["cot_span"]) == 2):
-                raise SiftError(f"{path}:{ln}: field 'cot_span' must be [start, end], got {r['cot_span']!r}")
-            out.append(r)
+    for ln, r in iter_jsonl(path):
+        miss = [f for f in REQUIRED_FIELDS if f not in r]
+        if miss:
+            raise SiftError(f"{path}:{ln}: missing field(s) {miss}")
+        if not (isinstance(r["cot_span"], list) and len(r["cot_span"]) == 2):
+            raise SiftError(f"{path}:{ln}: field 'cot_span' must be [start, end], got {r['cot_span']!r}")
+        out.append(r)
     _READ_CACHE.clear()
     _READ_CACHE[key] = out
     return out

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from tqdm import tqdm
 
 from sift.atomic import atomic_open, write_json
+from sift.errors import SiftError
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
@@ -18,8 +19,20 @@ def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
             fh.write(json.dumps(r) + "\n")
 
 
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, record) for each non-blank line; a bad line raises naming the file and line."""
+    with open(path) as fh:
+        for ln, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield ln, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SiftError(f"{path}:{ln}: not valid JSON ({e.msg})") from None
+
+
 def read_jsonl(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [r for _, r in iter_jsonl(path)]
 
 
 def run_chunks(chunks: Sequence, parts_dir: Path, chash: str, build: Callable[[object], list[dict]], *,

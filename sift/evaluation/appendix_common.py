@@ -14,13 +14,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from sift.errors import SiftError
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.metrics.appendix_helpers import BootstrapMany, coverage_threshold
+
+#: the runs an appendix analysis reads: detector name → its seed runs (one Predictions per seed)
+Runs = Mapping[str, Sequence[Predictions]]
 
 # ----------------------------------------------------------------------------------------------- seed stacks
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from sift.errors import SiftError
 from sift.evaluation.appendix_common import (
+    Runs,
     TraceTable,
     ci,
     fmt_ci,
@@ -31,11 +32,10 @@ from sift.evaluation.appendix_common import (
     seed_mean,
     stack_runs,
 )
-from sift.evaluation.predictions import Pairs, Predictions
+from sift.evaluation.predictions import Pairs
 from sift.metrics.appendix_helpers import cluster_bootstrap_many
 from sift.report import Section, markdown_table
 
-Runs = Mapping[str, Sequence[Predictions]]
 
 
 def _scrambled(ids: list[int], key: str) -> list[int]:

@@ -16,6 +16,7 @@ from scipy.stats import kendalltau
 
 from sift.errors import SiftError
 from sift.evaluation.appendix_common import (
+    Runs,
     JointRows,
     SeedStack,
     TraceTable,
@@ -42,7 +43,6 @@ from sift.metrics.appendix_helpers import (
 from sift.metrics.significance import benjamini_hochberg
 from sift.report import Section, markdown_table
 
-Runs = Mapping[str, Sequence[Predictions]]
 
 # ============================================================================ factorial (paper App. F)
 

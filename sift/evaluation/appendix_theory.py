@@ -16,6 +16,7 @@ from scipy.special import erf
 
 from sift.errors import SiftError
 from sift.evaluation.appendix_common import (
+    Runs,
     TraceTable,
     ci,
     fmt,
@@ -27,13 +28,12 @@ from sift.evaluation.appendix_common import (
     seed_mean,
     stack_runs,
 )
-from sift.evaluation.predictions import Pairs, Predictions
+from sift.evaluation.predictions import Pairs
 from sift.metrics._checks import UndefinedMetricWarning
 from sift.metrics.appendix_helpers import cluster_bootstrap_many, partial_correlation, pearson
 from sift.metrics.significance import benjamini_hochberg
 from sift.report import Section, markdown_table
 
-Runs = Mapping[str, Sequence[Predictions]]
 
 #: Assumption-audit thresholds of paper Table 20 (diagnostic ≤ threshold ⇒ the assumption is taken to hold).
 ASSUMPTION_THRESHOLDS = {"local_sensitivity": 0.10, "symmetry": 0.05, "independence": 0.20}
