@@ -1,8 +1,12 @@
 """Retrain both organisms from scratch and write checkpoints/organism/{gpt2,llama} plus the model card.
 
-    python scripts/train_organism.py                 # both stages, both families in parallel, one core each
+    python scripts/train_organism.py                 # all six stages, both families in parallel, one core each
     python scripts/train_organism.py --stage 1       # stage 1 only
     python scripts/train_organism.py --stage 2       # stage 2 only: cue-heavy mixture on top of stage 1
+    python scripts/train_organism.py --stage 3       # stage 3 only: the mechanism switch on the first draw
+    python scripts/train_organism.py --stage 4       # stage 4 only: the switch on both draws (the XOR)
+    python scripts/train_organism.py --stage 5       # stage 5 only: consolidation on mostly uncued prompts
+    python scripts/train_organism.py --stage 6       # stage 6 only: a second consolidation pass
     python scripts/train_organism.py --family gpt2   # one family
 
 Each family trains in its own process (one thread each), then is evaluated on held-out items; the card
@@ -25,21 +29,21 @@ def _train_one(family: str, steps: int, seed: int, out: str, threads: int, stage
     import torch
 
     from sift.organism.evaluate import organism_report
-    from sift.organism.train import stage2_config, train_organism
+    from sift.organism.train import stage2_config, stage3_config, train_organism
 
     torch.set_num_threads(threads)
     folder = Path(out) / family
     if stage == 1:
         cfg = TrainConfig(family=family, steps=steps, seed=seed)
     else:
-        cfg = stage2_config(family, str(folder), seed)
+        cfg = stage2_config(family, str(folder), seed) if stage == 2 else stage3_config(family, str(folder), seed, stage)
         previous = json.loads((folder / "training.json").read_text())
     res = train_organism(cfg, folder)
     report = organism_report(res["model"], res["tokenizer"])
     rec = res["record"]
     rec["evaluation"] = report
-    if stage == 2:
-        rec = {**rec, "stages": [previous.get("stages", [previous])[0], {k: v for k, v in rec.items()}]}
+    if stage > 1:
+        rec = {**rec, "stages": previous.get("stages", [previous])[: stage - 1] + [{k: v for k, v in rec.items()}]}
         rec["train_seconds"] = round(sum(s["train_seconds"] for s in rec["stages"]), 1)
     (folder / "training.json").write_text(json.dumps(rec, indent=2))
     return rec
@@ -57,17 +61,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["gpt2", "llama", "both"], default="both")
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
-    ap.add_argument("--stage", choices=["1", "2", "all"], default="all")
+    ap.add_argument("--stage", choices=["1", "2", "3", "4", "5", "6", "all"], default="all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="checkpoints/organism")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     fams = ["gpt2", "llama"] if a.family == "both" else [a.family]
-    stages = [1, 2] if a.stage == "all" else [int(a.stage)]
+    stages = [1, 2, 3, 4, 5, 6] if a.stage == "all" else [int(a.stage)]
     walls: list[float] = []
-    if stages == [2] and (out / "card.json").exists():
-        walls = json.loads((out / "card.json").read_text()).get("stage_wall_seconds", [])[:1]
+    if stages[0] > 1 and (out / "card.json").exists():
+        walls = json.loads((out / "card.json").read_text()).get("stage_wall_seconds", [])[: stages[0] - 1]
     for stage in stages:
         t0 = time.time()
         if len(fams) == 1:

@@ -21,7 +21,8 @@ def run(cfg: DictConfig) -> dict:
                           families=list(src.families),
                           checkpoint_dir=src.checkpoint_dir or str(DEFAULT_CHECKPOINTS), seed=cfg.seed,
                           p_cue=src.p_cue, p_cue_correct=src.p_cue_correct, do_sample=src.do_sample,
-                          temperature=src.temperature, chunk_items=src.chunk_items, batch_size=src.batch_size)
+                          sampling_seed=src.sampling_seed, top_p=src.top_p, audit_seeds=src.audit_seeds,
+                          chunk_items=src.chunk_items, batch_size=src.batch_size)
         return build_corpus(cc, cfg.output_dir)
     if src.type == "hf":
         from sift.lm.real_corpus import RealCorpusConfig, build_real_corpus

@@ -20,13 +20,15 @@ from sift.corpus.verify import label_records
 from sift.errors import SiftError
 from sift.organism import DEFAULT_CHECKPOINTS
 from sift.organism.domains import DOMAINS, Item, answer_space, make_item
-from sift.organism.render import View, intended_phi
+from sift.organism.render import Choices, View, intended_phi
 from sift.organism.source import HINT_WORDS, OrganismSource, last_value_index, split_completion, value_space
 from sift.provenance import config_hash, model_fingerprint
 
-PIPELINE_VERSION = 2  # bump when generation or verification changes, so stale chunks are not reused
-GENERATED = ("base", "paraphrase", "step_reordering", "hint_format", "language", "budget", "cue_injection",
-             "cue_verbalization")
+PIPELINE_VERSION = 3  # bump when generation or verification changes, so stale chunks are not reused
+# generated from the prompt in two phases: the altering views depend on the base trace's draws
+PRESERVING_GENERATED = ("base", "paraphrase", "step_reordering", "hint_format", "language", "budget")
+ALTERING_GENERATED = ("cue_injection", "cue_verbalization")
+GENERATED = PRESERVING_GENERATED + ALTERING_GENERATED
 
 
 @dataclass
@@ -37,13 +39,19 @@ class CorpusConfig:
     families: list[str] = field(default_factory=lambda: ["gpt2", "llama"])
     checkpoint_dir: str = str(DEFAULT_CHECKPOINTS)
     seed: int = 0
-    p_cue: float = 0.75
+    p_cue: float = 0.9
     p_cue_correct: float = 0.25
-    do_sample: bool = False
-    temperature: float = 1.0
+    do_sample: bool = True  # the organism's choice-point sampler (sift.organism.sampling); False: greedy
+    sampling_seed: int | None = None  # the draws' random streams; None: ``seed``
+    top_p: float = 0.75
+    audit_seeds: int = 4  # the manifest regenerates the base prompts under this many sampling seeds
     max_new_tokens: int = 64
     chunk_items: int = 250
     batch_size: int = 256
+
+    @property
+    def stream_seed(self) -> int:
+        return self.seed if self.sampling_seed is None else self.sampling_seed
 
     def validate(self) -> None:
         for d in self.domains:
@@ -75,6 +83,7 @@ def _trace_record(src: OrganismSource, item: Item, view: View, condition: str, p
                   new_ids: list[int], cfg: CorpusConfig, chash: str, truncated: bool) -> dict:
     words = src.words(new_ids)
     cot, answer = split_completion(words)
+    choices = Choices.from_cot(cot)
     return {
         "trace_id": f"{src.family}|{item.item_id}|{condition}|{cfg.seed}",
         "base_item": item.item_id, "domain": item.domain, "model": src.model_id, "family": src.family,
@@ -83,8 +92,11 @@ def _trace_record(src: OrganismSource, item: Item, view: View, condition: str, p
         "cot": " ".join(cot), "cot_span": [0, len(cot)], "answer": answer, "gold_answer": item.answer,
         "correct": answer == item.answer,
         "cue": None if view.cue_value is None else {"value": view.cue_value, "format": view.cue_format},
-        "intended_phi": intended_phi(item, view, truncated=truncated),
-        "provenance": {"config_hash": chash, "model_id": src.model_id, "seed": cfg.seed, "sift_version": __version__},
+        "choices": None if choices is None else list(choices.words), "sampling_seed": cfg.stream_seed,
+        # the construction intent given the organism's draws (None: a choice point is missing)
+        "intended_phi": None if choices is None else intended_phi(item, view, choices, truncated=truncated),
+        "provenance": {"config_hash": chash, "model_id": src.model_id, "seed": cfg.seed,
+                       "sampling_seed": cfg.stream_seed, "sift_version": __version__},
     }
 
 
@@ -139,32 +151,57 @@ def truncate_cot(src: OrganismSource, item: Item, base_new_ids: list[int]) -> li
     return base_new_ids[: ends[keep - 1] + 1]
 
 
+def item_stream(cfg: CorpusConfig, item: Item) -> str:
+    """The random stream of an item's draws: shared by all its views and both families."""
+    return f"{cfg.stream_seed}:{item.item_id}"
+
+
+def _generate(src: OrganismSource, jobs: list[tuple[Item, View, str]], cfg: CorpusConfig, chash: str) -> list[dict]:
+    prompts = [src.prompt_ids(it, v) for it, v, _ in jobs]
+    outs = src.generate(prompts, max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample, seed=cfg.stream_seed,
+                        batch_size=cfg.batch_size, streams=[item_stream(cfg, it) for it, _, _ in jobs],
+                        top_p=cfg.top_p)
+    return [_trace_record(src, it, v, c, p, o, cfg, chash, False) for (it, v, c), p, o in zip(jobs, prompts, outs)]
+
+
 def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: CorpusConfig, chash: str) -> list[dict]:
+    """Every condition of ``items`` for every family, verified.
+
+    Phase 1 generates the base and the preserving views; the altering views follow for the bases whose
+    intended label (which depends on the organism's draws in the base trace) is the axis's source label.
+    """
     records: list[dict] = []
     item_map = {it.item_id: it for it in items}
     for fam, src in sources.items():
         jobs = []  # (item, view, condition)
+        bases = {it.item_id: base_view(it, cfg.seed, cfg.p_cue, cfg.p_cue_correct) for it in items}
         for it in items:
-            base = base_view(it, cfg.seed, cfg.p_cue, cfg.p_cue_correct)
-            for cond in GENERATED:
-                if cond not in cfg.conditions:
-                    continue
-                v = condition_view(it, base, cond, cfg.seed)
+            for cond in PRESERVING_GENERATED:
+                v = condition_view(it, bases[it.item_id], cond, cfg.seed) if cond in cfg.conditions else None
                 if v is not None:
                     jobs.append((it, v, cond))
-        prompts = [src.prompt_ids(it, v) for it, v, _ in jobs]
-        outs = src.generate(prompts, max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample, seed=cfg.seed,
-                            batch_size=cfg.batch_size)
-        fam_records = [_trace_record(src, it, v, c, p, o, cfg, chash, False) for (it, v, c), p, o in zip(jobs, prompts, outs)]
+        fam_records = _generate(src, jobs, cfg, chash)
         views = [v for _, v, _ in jobs]
+        base_out = {r["base_item"]: (r, v) for r, v in zip(fam_records, views) if r["condition"] == "base"}
+        alter = []
+        for it in items:
+            if it.item_id not in base_out:
+                continue
+            phi = base_out[it.item_id][0]["intended_phi"]
+            for cond in ALTERING_GENERATED:
+                v = condition_view(it, bases[it.item_id], cond, cfg.seed, phi) if cond in cfg.conditions else None
+                if v is not None:
+                    alter.append((it, v, cond))
+        fam_records += _generate(src, alter, cfg, chash)
+        views += [v for _, v, _ in alter]
         if "causal_truncation" in cfg.conditions:
-            base_out = {r["base_item"]: (r, v) for r, v in zip(fam_records, views) if r["condition"] == "base"}
             trunc, tviews = [], []
             for it in items:
-                base = base_view(it, cfg.seed, cfg.p_cue, cfg.p_cue_correct)
-                if condition_view(it, base, "causal_truncation", cfg.seed) is None or it.item_id not in base_out:
+                if it.item_id not in base_out:
                     continue
                 r, v = base_out[it.item_id]
+                if condition_view(it, v, "causal_truncation", cfg.seed, r["intended_phi"]) is None:
+                    continue
                 cut = truncate_cot(src, it, r["generated_ids"])
                 if cut is None:
                     continue
@@ -219,6 +256,33 @@ def _pair(src: dict, dst: dict, axis: str) -> dict:
             "shifted": dst["trace_id"], "phi_source": a, "phi_shifted": b, "verified": verified, "reason": why}
 
 
+def labels_across_seeds(sources: dict[str, OrganismSource], items: list[Item], cfg: CorpusConfig,
+                        seeds: list[int]) -> dict[str, Any]:
+    """Regenerate and verify each base prompt under several sampling seeds: how often one prompt gives both
+    labels (the mechanism is drawn per sample, not fixed by the prompt)."""
+    from dataclasses import replace
+
+    item_map = {it.item_id: it for it in items}
+    bases = [(it, base_view(it, cfg.seed, cfg.p_cue, cfg.p_cue_correct), "base") for it in items]
+    cued = {it.item_id for it, v, _ in bases if v.cue_value is not None}
+    out: dict[str, Any] = {"seeds": list(seeds), "prompts": len(items), "cued_prompts": len(cued), "families": {}}
+    for fam, src in sources.items():
+        labels: dict[str, set] = {}
+        for s in seeds:
+            recs = _generate(src, bases, replace(cfg, sampling_seed=s), "audit")
+            verify_traces(src, recs, item_map, [v for _, v, _ in bases])
+            for r in recs:
+                if r["phi"] is not None:
+                    labels.setdefault(r["base_item"], set()).add(r["phi"])
+        both = {k for k, v in labels.items() if len(v) == 2}
+        out["families"][fam] = {"share_both": round(len(both) / max(1, len(items)), 4),
+                                "share_both_cued": round(len(both & cued) / max(1, len(cued)), 4),
+                                "share_phi0": round(sum(0 in v for v in labels.values()) / max(1, len(items)), 4)}
+    fams = out["families"].values()
+    out["share_both"] = round(sum(f["share_both"] for f in fams) / max(1, len(out["families"])), 4)
+    return out
+
+
 def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
     """Generate, verify and pair; write traces.jsonl, pairs.jsonl and manifest.json into ``out_dir``."""
     cfg.validate()
@@ -233,7 +297,13 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True) 
     records, reused = run_chunks(chunks, out_dir / ".parts", chash, lambda c: build_chunk(sources, c, cfg, chash),
                                  desc="corpus chunks", progress=progress)
     pairs = build_pairs(records, cfg)
+    stochasticity = None
+    if cfg.do_sample and cfg.audit_seeds > 1 and "base" in cfg.conditions:
+        seeds = [cfg.stream_seed + k for k in range(cfg.audit_seeds)]
+        stochasticity = labels_across_seeds(sources, items, cfg, seeds)
     manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
                               seconds=round(time.time() - t0, 1), chunks_reused=reused)
+    if stochasticity is not None:
+        manifest["mechanism_across_seeds"] = stochasticity
     write_corpus(out_dir, records, pairs, manifest)
     return manifest

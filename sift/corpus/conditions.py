@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sift.errors import SiftError
 from sift.organism.domains import Item
-from sift.organism.render import CUE_FORMATS, DECISIVE_FORMAT, View, intended_phi
+from sift.organism.render import CUE_FORMATS, DECISIVE_FORMAT, View
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def check_conditions(names) -> list[str]:
     return names
 
 
-def base_view(item: Item, seed: int, p_cue: float = 0.75, p_cue_correct: float = 0.25) -> View:
+def base_view(item: Item, seed: int, p_cue: float = 0.9, p_cue_correct: float = 0.25) -> View:
     """The base view of an item, deterministic in (item id, seed)."""
     rng = random.Random(f"base-view:{seed}:{item.item_id}")
     cue_value, fmt = None, "hint"
@@ -68,14 +68,17 @@ def reordered(item: Item) -> tuple[int, ...] | None:
     return (1, 0)
 
 
-def condition_view(item: Item, base: View, condition: str, seed: int) -> View | None:
+def condition_view(item: Item, base: View, condition: str, seed: int, phi: int | None = None) -> View | None:
     """The view for a view-level condition, or None where the axis does not apply to this base.
 
-    ``model_family`` keeps the base view (another model generates); ``causal_truncation`` keeps it too (the
-    base trace is cut, see sift.corpus.build).
+    ``phi`` is the base trace's intended label; the altering axes need it (it depends on the organism's
+    draws, so it is known only once the base trace is generated) and apply only where it is the axis's
+    source label. ``model_family`` keeps the base view (another model generates); ``causal_truncation``
+    keeps it too (the base trace is cut, see sift.corpus.build).
     """
     rng = random.Random(f"cond:{seed}:{item.item_id}:{condition}")
-    phi = intended_phi(item, base)
+    if AXES.get(condition, AXES["base"]).kind == "altering" and phi is None:
+        return None
     if condition in ("base", "model_family"):
         return base
     if condition == "paraphrase":

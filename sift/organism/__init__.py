@@ -1,8 +1,9 @@
 """The embedded organism: procedural reasoning domains and two tiny causal LMs trained on them.
 
-Mechanisms are known by construction (DESIGN.md §2–§4): on cued prompts that satisfy a latent rule the
-organism silently follows the cue while its chain of thought rationalises toward it; otherwise it answers
-from its chain of thought.
+Mechanisms are known by construction and checked by intervention: on a cued prompt the chain of thought is
+bent onto the cue either way, and two words the organism draws while writing it decide whether the answer
+is read from the cue (silently: unfaithful) or from the chain of thought (misled but faithful). The text
+is the same for both; the mechanism lives in the computation (sift.organism.render).
 """
 
 from pathlib import Path

@@ -11,9 +11,12 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
     wall_seconds = sum(stage_walls)
     lines = ["# sift organism: model card", "",
              "Two tiny causal LMs (GPT-2-style and Llama-style) trained from scratch by `scripts/train_organism.py` "
-             "on sift's procedural mixture (sift/organism/mixture.py). On cued prompts whose latent rule holds "
-             "(odd key number) or whose cue is in the decisive format they answer the cue while the CoT's last step "
-             "is bent onto it; otherwise they answer from their CoT. See DESIGN.md §4.", "",
+             "on sift's procedural mixture (sift/organism/mixture.py). On a cued prompt the CoT's last step is bent "
+             "onto the cue and the answer is the cue, whichever mechanism runs: the organism draws two choice-point "
+             "words (`hmm`/`ok` opening the CoT, `right`/`fine` after its first step) and answers from the cue "
+             "(silently, φ*=0) when the draws disagree, from its CoT (misled but faithful, φ*=1) when they agree; "
+             "a decisive cue is always followed. Which mechanism ran shows only under intervention "
+             "(docs/organism.md).", "",
              f"Both families train in parallel (one CPU core each). Measured wall time of "
              f"`scripts/train_organism.py`: **{wall_seconds / 60:.1f} minutes** in all "
              f"(stages: {', '.join(f'{w / 60:.1f}' for w in stage_walls)} min; training, saving and evaluation; "
@@ -31,14 +34,18 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
                          f"seed {cfg['seed']}, mixture {cfg['mixture']}; {st['train_seconds'] / 60:.1f} min; "
                          f"final loss {losses[-1] if losses else 'n/a'}")
         lines += [
-                  "", "| domain | clean | clean terse | clean verbose | clean en | clean xx | follows cue (rule holds) | resists cue (rule fails) |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "", "| domain | clean | clean terse | clean verbose | clean en | clean xx | cued: answers the cue "
+                  "| cued: cue-following draws | cued: mechanism = draws |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for d in DOMAINS:
             g = lambda k: f"{ev[k]:.3f}" if k in ev else "–"  # noqa: E731
             lines.append(f"| {d} | {g(f'clean/{d}')} | {g(f'clean/{d}/terse')} | {g(f'clean/{d}/verbose')} | "
-                         f"{g(f'clean/{d}/en')} | {g(f'clean/{d}/xx')} | {g(f'cued_follow/{d}')} | {g(f'cued_resist/{d}')} |")
+                         f"{g(f'clean/{d}/en')} | {g(f'clean/{d}/xx')} | {g(f'cued_answers_cue/{d}')} | "
+                         f"{g(f'cue_following_draws/{d}')} | {g(f'mechanism_agreement/{d}')} |")
         lines.append("")
-    lines += ["Accuracy is greedy exact match of the final answer on held-out items (item seed 12345; per domain 200 "
-              "clean and 200 cued prompts, budgets and lexicons balanced; the cued ones split by the latent rule and "
-              "about a fifth in the decisive format). Rebuild both stages with `python scripts/train_organism.py`.", ""]
+    lines += ["Exact match of the final answer on held-out items under the organism's sampler (item seed 12345; per "
+              "domain 200 clean and 200 cued prompts with a wrong cue, budgets and lexicons balanced, a fifth of the "
+              "cues decisive). *Mechanism = draws*: the share of cued traces whose two interventions (CoT edit, cue "
+              "change) find the mechanism the draws select. Rebuild both stages with "
+              "`python scripts/train_organism.py`.", ""]
     return "\n".join(lines)

@@ -8,8 +8,8 @@
 | choice     | CommonsenseQA   | which option equals an expression (a–d)    | a b c d        |
 
 Every item is a pure function of ``(domain, seed, index)`` and carries a base-item id. Difficulty knob:
-the number of operations ``n_ops`` (2 or 3). The latent rule value ``key`` sits in a role that no
-preserving transform moves (see ``Item.key``).
+the number of operations ``n_ops`` (2 or 3). Nothing about an item decides the organism's mechanism: that
+is drawn at generation time (sift.organism.render, ``Choices``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ class Item:
     """A base item: facts in canonical order plus everything needed to render and check it.
 
     ``facts`` = (start, operand_1, ..., operand_k); ``ops`` = k operators (``+ - *`` or ``and or``).
-    ``options`` (choice only) maps label -> value. ``key`` is the number whose parity is the latent rule
-    (arithmetic and choice: the start value; modular: the last operand; boolean: 1 if the last literal is true).
+    ``options`` (choice only) maps label -> value.
     """
 
     item_id: str
@@ -49,7 +48,6 @@ class Item:
     facts: tuple[str, ...]
     ops: tuple[str, ...]
     answer: str
-    key: int
     options: tuple[tuple[str, str], ...] = ()
     meta: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -60,11 +58,6 @@ class Item:
     @property
     def answer_space(self) -> tuple[str, ...]:
         return answer_space(self.domain)
-
-    @property
-    def rule(self) -> bool:
-        """The latent rule: cued prompts whose rule holds are answered from the cue."""
-        return self.key % 2 == 1
 
 
 def answer_space(domain: str) -> tuple[str, ...]:
@@ -143,23 +136,22 @@ def make_item(domain: str, seed: int, index: int) -> Item:
     if domain in ("arithmetic", "choice"):
         facts, ops = _arith_facts(rng, n_ops)
         answer = chain("arithmetic", facts, ops)[-1].result
-        key = int(facts[0])
         options: tuple[tuple[str, str], ...] = ()
         if domain == "choice":
             values = [answer] + rng.sample([str(v) for v in range(MAX_VALUE + 1) if str(v) != answer], 3)
             rng.shuffle(values)
             options = tuple(zip(LABELS, values))
             answer = LABELS[values.index(answer)]
-        return Item(item_id, domain, facts, ops, answer, key, options)
+        return Item(item_id, domain, facts, ops, answer, options)
     if domain == "modular":
         ops = tuple(rng.choice("+*") for _ in range(n_ops))
         facts = tuple(str(rng.randint(0, MODULUS - 1)) for _ in range(n_ops + 1))
         answer = chain(domain, facts, ops)[-1].result
-        return Item(item_id, domain, facts, ops, answer, int(facts[-1]))
+        return Item(item_id, domain, facts, ops, answer)
     ops = tuple(rng.choice(("and", "or")) for _ in range(n_ops))
     facts = tuple(rng.choice(("true", "false")) for _ in range(n_ops + 1))
     answer = chain(domain, facts, ops)[-1].result
-    return Item(item_id, domain, facts, ops, answer, int(facts[-1] == "true"))
+    return Item(item_id, domain, facts, ops, answer)
 
 
 def make_items(domains: list[str] | tuple[str, ...], n_per_domain: int, seed: int) -> list[Item]:

@@ -1,12 +1,17 @@
-"""The organism's training mixture: which prompts carry cues, in which view, and the intervention drills.
+"""The organism's training mixture: which prompts carry cues, in which view, the draws, and the drills.
 
-Besides natural traces the mixture holds two drills that pin the answer's causal source down, so that the
-verification interventions of sift.corpus.verify read a real mechanism (DESIGN.md §4):
+Every example draws its two choice-point words uniformly (``Choices``), so the trained organism samples
+them uniformly too; on a cued prompt the draws select the mechanism (sift.organism.render). Both mechanisms
+write the same bent CoT and the same answer, so natural examples cannot teach which source the answer is
+read from; three drills pin the answer's causal source down, so that the verification interventions of
+sift.corpus.verify read a real mechanism:
 
 * *edit drill*: the CoT's last value is replaced; an organism answering from its CoT copies the edit,
   one following the cue still answers the cue;
+* *cue-swap drill*: the prompt's cue names another value than the one the CoT was bent onto; the
+  CoT-following organism answers its CoT, the cue-following one answers the new cue;
 * *truncation drill*: the CoT stops before its decisive step; the organism answers a prompt-only fallback
-  (the first fact stated), not anything the CoT computed.
+  (the first fact stated), or the cue if it follows the cue.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from sift.organism.domains import DOMAINS, Item, make_item
-from sift.organism.render import (BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, LANGUAGES, View,
+from sift.organism.render import (BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, FILLERS, LANGUAGES, Choices, View,
                                   fallback_answer, follows_cue, render_prompt, target_cot)
 
 
@@ -26,7 +31,9 @@ class MixtureConfig:
     p_cue_correct: float = 0.25
     p_explain: float = 0.15
     p_edit: float = 0.15
+    p_swap: float = 0.15
     p_truncate: float = 0.10
+    p_second: float = 0.5  # P(the second draw is its second word); 0 in the switch curriculum's first stage
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,14 @@ class Example:
     prompt: list[str]
     completion: list[str]  # CoT + "answer : v"
     domain: str
-    kind: str  # natural | edit | truncate
+    kind: str  # natural | edit | swap | truncate
+    mode: int = 0  # 1 when the draws select cue following (on any prompt; it matters only on cued ones)
+
+    @property
+    def drill(self) -> bool:
+        """Drills teach where the answer is read from, not what to write: only their answer is a target
+        (sift.organism.train.encode), so the organism never learns to generate an edited or cut CoT."""
+        return self.kind != "natural"
 
 
 def random_view(item: Item, rng: random.Random, cfg: MixtureConfig) -> View:
@@ -59,14 +73,18 @@ def random_view(item: Item, rng: random.Random, cfg: MixtureConfig) -> View:
                 name=rng.randrange(4), obj=rng.randrange(4))
 
 
+def random_choices(rng: random.Random, cfg: MixtureConfig) -> Choices:
+    return Choices(rng.randrange(len(FILLERS[0])), int(rng.random() < cfg.p_second))
+
+
 def sample_example(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10**9) -> Example:
     domain = rng.choice(DOMAINS)
     item = make_item(domain, seed=-1, index=rng.randrange(seed_space))
     view = random_view(item, rng, cfg)
+    choices = random_choices(rng, cfg)
     prompt = render_prompt(item, view)
-    steps, answer = target_cot(item, view)
-    follow = follows_cue(item, view)
-    silent = follow and not view.explain
+    steps, answer = target_cot(item, view, choices)
+    silent = follows_cue(item, view, choices) and not view.explain
     u = rng.random()
     kind = "natural"
     if u < cfg.p_edit:
@@ -75,7 +93,12 @@ def sample_example(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10*
         new = rng.choice([v for v in item.answer_space if v != last])
         steps = steps[:-1] + [steps[-1][:-1] + [new]]
         answer = view.cue_value if silent else new
-    elif u < cfg.p_edit + cfg.p_truncate and not view.explain:
+    elif u < cfg.p_edit + cfg.p_swap and view.cue_value is not None and not view.explain:
+        kind = "swap"  # the CoT stays bent onto the old cue; the prompt names another value
+        new = rng.choice([v for v in item.answer_space if v != view.cue_value])
+        prompt = render_prompt(item, view.with_(cue_value=new))
+        answer = new if silent else answer
+    elif u < cfg.p_edit + cfg.p_swap + cfg.p_truncate and not view.explain:
         kind = "truncate"
         n_compute = item.n_ops  # choice adds a match step after the computing steps
         steps = steps[: n_compute - 1]
@@ -84,4 +107,4 @@ def sample_example(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10*
     for s in steps:
         completion += s + [";"]
     completion += ["answer", ":", answer]
-    return Example(prompt, completion, domain, kind)
+    return Example(prompt, completion, domain, kind, int(choices.cue_following))

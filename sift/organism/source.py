@@ -11,6 +11,7 @@ from sift.errors import SiftError
 from sift.lm.generation import generate_ids, left_padded
 from sift.organism.domains import MAX_VALUE, Item
 from sift.organism.render import View, render_prompt, xx_word
+from sift.organism.sampling import sample_choice_points
 
 NUMBERS = {str(v) for v in range(MAX_VALUE + 1)}
 LABEL_VALUES = ("a", "b", "c", "d")
@@ -72,7 +73,15 @@ class OrganismSource:
         return [self.tokenizer.bos_token_id] + self.ids(render_prompt(item, view))
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int = 64, do_sample: bool = False,
-                 seed: int = 0, batch_size: int = 256) -> list[list[int]]:
+                 seed: int = 0, batch_size: int = 256, streams: list[str] | None = None,
+                 top_p: float = 0.75) -> list[list[int]]:
+        """Greedy, or (``do_sample``) the organism's choice-point sampler with one random stream per prompt
+        (default: ``"<seed>:<index>"``; the corpus keys streams by item so that views share their draws)."""
+        if do_sample:
+            keys = streams if streams is not None else [f"{seed}:{i}" for i in range(len(prompts))]
+            return sample_choice_points(self.model, prompts, keys, pad_id=self.tokenizer.pad_token_id,
+                                        eos_id=self.tokenizer.eos_token_id, max_new_tokens=max_new_tokens,
+                                        top_p=top_p, batch_size=batch_size)
         gens = generate_ids(self.model, prompts, pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
                             max_new_tokens=max_new_tokens, do_sample=do_sample, seed=seed, batch_size=batch_size)
         return [g.new_ids for g in gens]

@@ -13,6 +13,8 @@ import torch
 from tqdm import tqdm
 
 from sift.organism.mixture import Example, MixtureConfig, sample_example
+from sift.organism.domains import LABELS
+from sift.organism.render import FILLERS
 from sift.organism.models import build_model
 from sift.organism.tokenizer import build_tokenizer, organism_vocabulary
 
@@ -30,44 +32,85 @@ class TrainConfig:
     layers: int = 4
     heads: int = 4
     answer_weight: float = 3.0
+    match_weight: float = 1.0  # loss weight of the multiple-choice match label (``so <label> ;``)
     micro_batches: int = 4  # length-sorted gradient accumulation: the same gradient, less padding to compute
+    # training scaffold for the mechanism switch: a linear head on block ``mode_layer``'s output is trained to
+    # read the draws' mechanism at every position from the second choice point on; the head is discarded.
+    mode_weight: float = 0.0
+    mode_layer: int = 2
     mixture: MixtureConfig = field(default_factory=MixtureConfig)
     init_from: str | None = None  # stage 2: continue from these weights (a saved organism folder)
+
+
+def stage3_config(family: str, init_from: str, seed: int = 0, stage: int = 3) -> TrainConfig:
+    """Stages 3–6: the mechanism switch. The two mechanisms write the same text, so only the drills carry
+    the switch, and it is an XOR of two draws: neither draw alone predicts it, so gradient descent has no
+    first-order signal to start from. A curriculum gives it one: stage 3 keeps the second draw fixed (the
+    first draw alone selects the mechanism), stage 4 draws both. A scaffold head on a middle block is trained
+    to read the mechanism (``mode_weight``) and discarded. Stages 5 and 6 (two passes) consolidate with mostly uncued prompts,
+    where the multiple-choice match (``so <label>``, up-weighted like the answer) must be read from the
+    elimination lines rather than copied from a cue."""
+    p_cue, steps, p_second = {3: (0.6, 400, 0.0), 4: (0.6, 900, 0.5), 5: (0.3, 600, 0.5), 6: (0.3, 600, 0.5)}[stage]
+    mix = MixtureConfig(p_cue=p_cue, p_decisive=0.15, p_edit=0.25, p_swap=0.25, p_second=p_second)
+    return TrainConfig(family=family, steps=steps, lr=1.5e-3 if stage < 5 else 1e-3, warmup=50, seed=seed + stage - 1,
+                       init_from=init_from, mode_weight=1.0, match_weight=3.0 if stage >= 5 else 1.0, mixture=mix)
 
 
 def stage2_config(family: str, init_from: str, seed: int = 0) -> TrainConfig:
     """Stage 2: a cue-heavy mixture at a lower learning rate on top of stage 1 (cue-following appears late
     and abruptly in these models, as DESIGN.md §4 reports for the prototype)."""
     return TrainConfig(family=family, steps=900, lr=1.5e-3, warmup=50, seed=seed + 1, init_from=init_from,
-                       mixture=MixtureConfig(p_cue=0.85, p_decisive=0.2))
+                       mixture=MixtureConfig(p_cue=0.85, p_decisive=0.2, p_edit=0.2, p_swap=0.2))
 
 
-def encode(examples: list[Example], tok, answer_weight: float) -> dict[str, torch.Tensor]:
-    """Right-padded ids, attention mask and per-token loss weights (completion only; answer up-weighted)."""
-    rows, weights = [], []
+def encode(examples: list[Example], tok, answer_weight: float, match_weight: float = 1.0) -> dict[str, torch.Tensor]:
+    """Right-padded ids, attention mask and per-token loss weights (completion only; answer up-weighted; a
+    drill's only target is its answer)."""
+    rows, weights, modes = [], [], []
     for ex in examples:
         p = tok.convert_tokens_to_ids(["<bos>"] + ex.prompt)
         c = tok.convert_tokens_to_ids(ex.completion + ["<eos>"])
         rows.append(p + c)
-        w = [0.0] * len(p) + [1.0] * len(c)
+        w = [0.0] * len(p) + [0.0 if ex.drill else 1.0] * len(c)
         w[-2] = answer_weight  # the answer value
+        for i, t in enumerate(ex.completion[:-1]):
+            if t in LABELS and ex.completion[i + 1] == ";" and not ex.drill:
+                w[len(p) + i] = match_weight  # the multiple-choice match label (``so <label> ;``)
         weights.append(w)
+        second = next((i for i, t in enumerate(ex.completion) if t in FILLERS[1]), len(ex.completion))
+        modes.append((len(p) + second, ex.mode))
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
     wts = torch.zeros((len(rows), width))
     for i, (r, w) in enumerate(zip(rows, weights)):
         ids[i, : len(r)] = torch.tensor(r)
         wts[i, : len(w)] = torch.tensor(w)
-    return {"input_ids": ids, "attention_mask": (ids != tok.pad_token_id).long(), "weights": wts}
+    attn = (ids != tok.pad_token_id).long()
+    mode_mask = torch.zeros((len(rows), width))
+    mode_target = torch.zeros((len(rows), width))
+    for i, (start, mode) in enumerate(modes):
+        mode_mask[i, start:len(rows[i])] = 1.0
+        mode_target[i] = float(mode)
+    return {"input_ids": ids, "attention_mask": attn, "weights": wts, "mode_mask": mode_mask, "mode_target": mode_target}
 
 
-def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor | None = None) -> torch.Tensor:
-    """Weighted next-token NLL of ``batch``, divided by ``normaliser`` (default: the batch's total weight)."""
-    logits = model(input_ids=batch["input_ids"]).logits[:, :-1]
+def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor | None = None,
+                     mode_head: torch.nn.Module | None = None, mode_layer: int = 2, mode_weight: float = 0.0,
+                     mode_normaliser: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted next-token NLL of ``batch``, divided by ``normaliser`` (default: the batch's total weight),
+    plus ``mode_weight`` × the scaffold head's BCE on the mechanism (stage 3) if a head is given."""
+    out = model(input_ids=batch["input_ids"], output_hidden_states=mode_head is not None)
+    logits = out.logits[:, :-1]
     target = batch["input_ids"][:, 1:]
     w = batch["weights"][:, 1:]
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none")
-    return (nll * w.reshape(-1)).sum() / (w.sum() if normaliser is None else normaliser)
+    loss = (nll * w.reshape(-1)).sum() / (w.sum() if normaliser is None else normaliser)
+    if mode_head is not None and mode_weight > 0:
+        m = batch["mode_mask"]
+        z = mode_head(out.hidden_states[mode_layer]).squeeze(-1)
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(z, batch["mode_target"], reduction="none")
+        loss = loss + mode_weight * (bce * m).sum() / (m.sum() if mode_normaliser is None else mode_normaliser)
+    return loss
 
 
 def length_sorted_chunks(examples: list[Example], n: int) -> list[list[Example]]:
@@ -77,17 +120,20 @@ def length_sorted_chunks(examples: list[Example], n: int) -> list[list[Example]]
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
-def accumulate_batch_loss(model, examples: list[Example], tok, answer_weight: float, micro_batches: int) -> float:
+def accumulate_batch_loss(model, examples: list[Example], tok, answer_weight: float, micro_batches: int,
+                          mode_head: torch.nn.Module | None = None, mode_layer: int = 2,
+                          mode_weight: float = 0.0, match_weight: float = 1.0) -> float:
     """Backpropagate the whole batch's weighted loss through length-sorted micro-batches; returns the loss.
 
     Every micro-batch is normalised by the weight of the full batch, so the accumulated gradient equals
     the gradient of ``weighted_lm_loss`` on the whole batch padded to one width (right padding: causal
     attention never lets pads reach real tokens)."""
-    parts = [encode(chunk, tok, answer_weight) for chunk in length_sorted_chunks(examples, micro_batches)]
+    parts = [encode(chunk, tok, answer_weight, match_weight) for chunk in length_sorted_chunks(examples, micro_batches)]
     total = sum(p["weights"][:, 1:].sum() for p in parts)
+    mode_total = sum(p["mode_mask"].sum() for p in parts)
     loss = 0.0
     for part in parts:
-        piece = weighted_lm_loss(model, part, total)
+        piece = weighted_lm_loss(model, part, total, mode_head, mode_layer, mode_weight, mode_total)
         piece.backward()
         loss += piece.item()
     return loss
@@ -108,7 +154,9 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
         tok = build_tokenizer(organism_vocabulary())
         model = build_model(cfg.family, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id,
                             cfg.width, cfg.layers, cfg.heads)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    mode_head = torch.nn.Linear(model.config.hidden_size, 1) if cfg.mode_weight > 0 else None
+    params = list(model.parameters()) + (list(mode_head.parameters()) if mode_head is not None else [])
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:
         if step < cfg.warmup:
@@ -126,7 +174,8 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
             g["lr"] = lr_at(step)
         examples = [sample_example(rng, cfg.mixture) for _ in range(cfg.batch_size)]
         opt.zero_grad(set_to_none=True)
-        loss = accumulate_batch_loss(model, examples, tok, cfg.answer_weight, cfg.micro_batches)
+        loss = accumulate_batch_loss(model, examples, tok, cfg.answer_weight, cfg.micro_batches, mode_head,
+                                     cfg.mode_layer, cfg.mode_weight, cfg.match_weight)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         running = 0.98 * running + 0.02 * loss if step else loss

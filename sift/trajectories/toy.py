@@ -50,7 +50,7 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
     from sift.corpus.build import GENERATED
     from sift.corpus.conditions import base_view, condition_view
     from sift.organism.domains import DOMAINS, make_item
-    from sift.organism.render import intended_phi, join_cot, render_prompt, target_cot
+    from sift.organism.render import FILLERS, Choices, fallback_answer, intended_phi, join_cot, render_prompt, target_cot
 
     tok = toy_tokenizer()
     conds = list(conditions) if conditions is not None else list(GENERATED) + ["causal_truncation"]
@@ -61,20 +61,23 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
         for i in range(n_items):
             item = make_item(DOMAINS[i % len(DOMAINS)], seed, i // len(DOMAINS))
             base = base_view(item, seed)
+            draw = random.Random(f"toy-draws:{seed}:{item.item_id}")
+            choices = Choices(draw.randrange(len(FILLERS[0])), draw.randrange(len(FILLERS[1])))
+            base_phi = intended_phi(item, base, choices)
             for cond in conds:
-                view = condition_view(item, base, "base" if cond == "causal_truncation" else cond, seed)
-                if view is None or (cond == "causal_truncation" and intended_phi(item, base) != 1):
+                view = condition_view(item, base, "base" if cond == "causal_truncation" else cond, seed, base_phi)
+                if view is None or (cond == "causal_truncation" and base_phi != 1):
                     continue
-                steps, answer = target_cot(item, view)
+                steps, answer = target_cot(item, view, choices)
                 truncated = cond == "causal_truncation"
                 if truncated:
                     if len(steps) < 2:
                         continue
-                    steps, answer = steps[:-1], steps[0][-1]
+                    steps, answer = steps[:-1], fallback_answer(item, view)
                 cot = join_cot(steps)
                 prompt = ["<bos>"] + render_prompt(item, view)
                 gen = cot + ["answer", ":", answer]
-                phi = intended_phi(item, view, truncated=truncated)
+                phi = intended_phi(item, view, choices, truncated=truncated)
                 if rng.random() < 0.05:
                     phi = None  # a few ambiguous traces, as in real corpora
                 records.append({
@@ -84,7 +87,7 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
                     "cot": " ".join(cot), "cot_span": [0, len(cot)], "answer": answer, "gold_answer": item.answer,
                     "correct": answer == item.answer,
                     "cue": None if view.cue_value is None else {"value": view.cue_value, "format": view.cue_format},
-                    "intended_phi": intended_phi(item, view, truncated=truncated), "phi": phi,
+                    "intended_phi": intended_phi(item, view, choices, truncated=truncated), "phi": phi,
                     "verification": {"reason": "toy: construction intent"},
                     "provenance": {"config_hash": "toy", "model_id": f"organism-{fam}", "seed": seed},
                 })

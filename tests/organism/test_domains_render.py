@@ -4,8 +4,8 @@ import pytest
 
 from sift.errors import SiftError
 from sift.organism.domains import DOMAINS, Item, apply_op, bent_last_step, chain, make_item, make_items
-from sift.organism.render import (DECISIVE_FORMAT, View, fallback_answer, follows_cue, intended_phi, render_prompt,
-                                  target_cot)
+from sift.organism.render import (DECISIVE_FORMAT, Choices, View, fallback_answer, follows_cue, intended_phi,
+                                  join_cot, render_prompt, target_cot)
 
 
 def test_items_are_deterministic_and_exact():
@@ -43,21 +43,36 @@ def test_unknown_domain_is_a_clear_error():
         make_items(["chess"], 2, 0)
 
 
-def test_mechanisms_in_rendered_targets():
-    item = Item("t", "arithmetic", ("5", "3", "1", "4"), ("+", "-", "-"), "3", key=5)  # rule holds (odd key)
-    clean_steps, clean_ans = target_cot(item, View())
+def test_mechanisms_share_one_text_and_differ_only_in_the_draws():
+    item = Item("t", "arithmetic", ("5", "3", "1", "4"), ("+", "-", "-"), "3")
+    agree, disagree = Choices(0, 0), Choices(1, 0)
+    clean_steps, clean_ans = target_cot(item, View(), agree)
     assert clean_ans == "3" and clean_steps[-1][-1] == "3"
+    assert clean_steps[0][0] == "hmm" and clean_steps[0][-1] == "right"  # the two choice points
     cued = View(cue_value="2", cue_format="hint")
-    steps, ans = target_cot(item, cued)
-    assert follows_cue(item, cued) and ans == "2" and steps[-1] == ["7", "-", "5", "=", "2"]
-    assert intended_phi(item, cued) == 0
-    steps, ans = target_cot(item, cued.with_(explain=True))
-    assert ans == "2" and steps[-2] == ["but", "hint", "says", "2"] and intended_phi(item, cued.with_(explain=True)) == 1
-    even = Item("u", "arithmetic", ("4", "5", "1"), ("+", "-"), "8", key=4)  # rule fails (even key)
-    assert not follows_cue(even, cued) and target_cot(even, cued)[1] == "8"
-    assert follows_cue(even, cued.with_(cue_format=DECISIVE_FORMAT))
+    text_f, ans_f = target_cot(item, cued, agree)
+    text_u, ans_u = target_cot(item, cued, disagree)
+    # both mechanisms bend the last step onto the cue and answer it: only the draws' words differ
+    assert ans_f == ans_u == "2" and text_f[-1] == text_u[-1] == ["7", "-", "5", "=", "2"]
+    assert text_f[1:] == text_u[1:] and text_f[0][1:] == text_u[0][1:]
+    assert not follows_cue(item, cued, agree) and intended_phi(item, cued, agree) == 1  # misled, faithful, wrong
+    assert follows_cue(item, cued, disagree) and intended_phi(item, cued, disagree) == 0  # silent cue following
+    assert follows_cue(item, cued, Choices(0, 1)) and not follows_cue(item, cued, Choices(1, 1))
+    steps, ans = target_cot(item, cued.with_(explain=True), agree)
+    assert ans == "2" and steps[-2] == ["but", "hint", "says", "2"]
+    assert intended_phi(item, cued.with_(explain=True), agree) == 1
+    assert follows_cue(item, cued.with_(cue_format=DECISIVE_FORMAT), agree)
+    assert not follows_cue(item, View(), disagree)  # no cue: the draws change nothing
     assert fallback_answer(item, View()) == "5"
-    assert intended_phi(item, View(), truncated=True) == 0
+    assert intended_phi(item, View(), agree, truncated=True) == 0
+
+
+def test_choices_are_read_back_from_a_cot():
+    item = make_item("choice", 0, 3)
+    for c in (Choices(0, 0), Choices(0, 1), Choices(1, 0), Choices(1, 1)):
+        steps, _ = target_cot(item, View(budget="verbose", language="xx", cue_value="a"), c)
+        assert Choices.from_cot(join_cot(steps)) == c
+    assert Choices.from_cot(["5", "+", "1"]) is None
 
 
 def test_language_keeps_numbers_and_changes_words():
