@@ -23,7 +23,7 @@ from sift.atomic import write_json, write_text
 from sift.cli._common import CONFIG_DIR
 from sift.errors import SiftError
 
-SPLITS = ("val", "test", "transfer")
+SPLITS = ("val", "calib", "test", "transfer")
 
 
 @dataclass
