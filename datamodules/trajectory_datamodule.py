@@ -474,6 +474,23 @@ class TrajectoryDataModule(pl.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")
 
+    def resample_train(self, seed: int) -> None:
+        """Replace the training split by a cluster bootstrap of its base items (as many items, drawn with
+        replacement, all traces of a drawn item; ``detector.seed_resample``). Validation, calibration and test
+        are untouched; deterministic in ``seed``."""
+        self._need()
+        by_item: dict[str, list[TraceExample]] = {}
+        for e in self.datasets["train"].examples:
+            by_item.setdefault(e.base_item, []).append(e)
+        items = sorted(by_item)
+        if not items:
+            raise SiftError("resample_train: the training split is empty")
+        rng = np.random.default_rng([int(seed), 0x5EED])
+        drawn = rng.integers(0, len(items), size=len(items))
+        self.datasets["train"] = TraceDataset([e for i in drawn for e in by_item[items[i]]])
+        self.train_env_ids = sorted({e.env for e in self.datasets["train"].examples})
+        self.summary["train_resampled_seed"] = int(seed)
+
     def calib_dataloader(self) -> DataLoader:
         """The SGR calibration part of the validation items (empty with ``calib_fraction=0``)."""
         return self._loader("calib")
