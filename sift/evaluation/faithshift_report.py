@@ -109,6 +109,21 @@ def instance_ensemble_transfer(specs: list, files: dict[str, dict[str, Path]],
     return out
 
 
+def runs_training(out: Path, specs: list) -> dict[str, Any]:
+    """Per run: stop epoch, optimizer steps, best validation loss, what stopped it and whether it converged
+    (from ``runs/<key>/results.json``)."""
+    import json
+
+    res: dict[str, Any] = {}
+    for spec in specs:
+        path = out / "runs" / spec.key / "results.json"
+        t = json.loads(path.read_text()).get("training") if path.is_file() else None
+        if t:
+            res[spec.key] = {k: t.get(k) for k in ("stop_epoch", "global_step", "best_val_loss", "stopped_by",
+                                                   "converged", "best_step")}
+    return res
+
+
 def corpus_section(corpus_dir: Path) -> Section:
     """What the detectors were trained and evaluated on (from the corpus manifest)."""
     import json
@@ -210,7 +225,7 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     extra = appendix_sections(cfg, inputs)
     extra += companion(cfg, report_dir)
     meta = {"config_hash": config_hash(OmegaConf.to_container(cfg, resolve=True)), "preset": cfg.preset_name,
-            "seeds": list(cfg.seeds), "runs": [s.key for s in specs]}
+            "seeds": list(cfg.seeds), "runs": [s.key for s in specs], "training": runs_training(out, specs)}
     selective = SelectiveConfig(alpha=float(cfg.sgr.alpha), delta=float(cfg.sgr.delta), bound=str(cfg.sgr.bound))
     report_from_predictions(preds, pairs, report_dir, extra_sections=[corpus_section(corpus), *extra],
                             selective=selective, reference="sift", title="sift-faithshift report", meta=meta, **common)

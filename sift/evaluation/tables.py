@@ -84,6 +84,28 @@ DETERMINISTIC_NOTE = ("deterministic: every seed gives identical predictions (a 
                       "their seed variance.")
 
 
+UNDERTRAINED_MARK = "⚠"
+
+
+def undertrained(runs: Sequence[Predictions]) -> str | None:
+    """``"undertrained (<preset>)"`` when a run of a row stopped at the epoch cap while still improving
+    (``meta['converged'] is False``, from the run's training record), else None."""
+    bad = [p for p in runs if p.meta.get("converged") is False]
+    if not bad:
+        return None
+    preset = next((str(p.meta["preset"]) for p in bad if p.meta.get("preset")), "")
+    return f"undertrained ({preset})" if preset else "undertrained"
+
+
+def _undertrained_note(labels: dict[str, str]) -> list[str]:
+    if not labels:
+        return []
+    rows = ", ".join(f"{r} ({lab})" for r, lab in labels.items())
+    return ["", f"{UNDERTRAINED_MARK} {rows}: training hit the preset's epoch cap while the validation metric was "
+                f"still improving (`training.converged = false` in the runs' results.json); these are the numbers "
+                f"of an undertrained detector, not of the method. Use a larger preset for them."]
+
+
 def deterministic_seeds(runs: Sequence[Predictions]) -> bool:
     """True when ≥ 2 seed runs of a detector give identical probabilities on the same traces."""
     seeded = [p for p in runs if p.seed is not None]
@@ -190,11 +212,14 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             res["seed_repeat"] = dec
             results["detectors"][row] = res
             g = lambda n: fmt_ci(*(res[n][k] if res[n][k] is not None else NAN for k in ("estimate", "low", "high")))
+            res["undertrained"] = undertrained([rd.pred for rd in rds])
             mark = f" {DETERMINISTIC_MARK}" if res["deterministic"] else ""
-            tables["a"].append([row, g("in_dist_auroc"), *[g(f"transfer_auroc/{s}") for s in settings], g("gap"),
+            if res["undertrained"]:
+                mark += f" {UNDERTRAINED_MARK} {res['undertrained']}"
+            tables["a"].append([row + mark, g("in_dist_auroc"), *[g(f"transfer_auroc/{s}") for s in settings], g("gap"),
                                 g("gap_like_for_like")])
-            tables["b"].append([row, *[g(f"ivr/{a}") for a in axes], g("ivr"), g("ivr_pooled")])
-            tables["d"].append([row, g("ivr"), g("as"), g("mfs"), g("coverage"), f"{res['n_feasible']}/{len(rds)}",
+            tables["b"].append([row + mark, *[g(f"ivr/{a}") for a in axes], g("ivr"), g("ivr_pooled")])
+            tables["d"].append([row + mark, g("ivr"), g("as"), g("mfs"), g("coverage"), f"{res['n_feasible']}/{len(rds)}",
                                 g("cert_ivr"), g("cert_as"), g("cert_mfs")])
             if dec.get("raw") is not None:
                 ov = fmt_ci(*(dec.get(k) if dec.get(k) is not None else NAN for k in ("overlap", "overlap_low",
@@ -228,6 +253,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     det = [r for r, v in results["detectors"].items() if v["deterministic"]]
     if det:
         md += ["", f"{DETERMINISTIC_MARK} {', '.join(det)}: {DETERMINISTIC_NOTE}"]
+    md += _undertrained_note({r: v["undertrained"] for r, v in results["detectors"].items() if v["undertrained"]})
     if undefined_notes:  # every "—" above, with the reason (also under "reason" in results.json)
         md += ["", "**Undefined cells (—)**", "", *[f"- {line}" for line in undefined_notes]]
     return Section(key, title, "\n".join(md), results=results)
@@ -380,6 +406,7 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             res = {k: _ci_dict(a, b, c) for k, a, b, c in zip(keys, est, low, high)}
             res["n_seeds"] = len(sgl)
             res["deterministic"] = deterministic_seeds(singles.get(name, []))
+            res["undertrained"] = undertrained(singles.get(name, []) + [ens[name]])
             res["threshold_from"] = ens[name].meta.get("threshold_from", "frozen ensemble threshold")
             test = None
             if sgl:
@@ -391,6 +418,7 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                 tests.append(name)
             g = lambda k: fmt_ci(*(v if v is not None else NAN for v in res[k].values()))
             mark = f" {DETERMINISTIC_MARK}" if res["deterministic"] else ""
+            mark += f" {UNDERTRAINED_MARK} {res['undertrained']}" if res["undertrained"] else ""
             if sgl:
                 rows.append([f"{name} (single, {len(sgl)} seeds){mark}", g("single_auroc"), g("single_ivr"),
                              g("single_as"), g("single_mfs"), "—", "—"])
@@ -416,6 +444,8 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     if det:
         md += ("\n\n" + DETERMINISTIC_MARK + " " + ", ".join(det) + ": " + DETERMINISTIC_NOTE
                + " Their seed ensemble therefore equals the single run (gain 0 by construction).")
+    md += "\n".join(_undertrained_note({n: r["undertrained"] for n, r in results["detectors"].items()
+                                        if r["undertrained"]}))
     return Section(key, title, md, results=results)
 
 
@@ -828,6 +858,7 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
             est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed, strata=strata)
             results["variants"][v] = {k: _ci_dict(a, b, c) for k, a, b, c in zip(keys, est, low, high)}
             results["variants"][v]["n_seeds"] = len(rds)
+            results["variants"][v]["undertrained"] = undertrained([rd.pred for rd in rds])
     ref = results["variants"][reference]
     md_rows = []
     for v, res in results["variants"].items():
@@ -836,11 +867,14 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
             res[rk] = num((a - b) / b) if a is not None and b not in (None, 0) else None
         g = lambda k: fmt_ci(*(x if x is not None else NAN for x in res[k].values()))
         pct = lambda x: "—" if x is None else f"{100 * x:+.0f}%"
-        md_rows.append([v, res["n_seeds"], g("in_dist_auroc"), g("ivr"), pct(res["ivr_change"]), g("as"), g("mfs"),
+        lab = f"{v} {UNDERTRAINED_MARK} {res['undertrained']}" if res["undertrained"] else v
+        md_rows.append([lab, res["n_seeds"], g("in_dist_auroc"), g("ivr"), pct(res["ivr_change"]), g("as"), g("mfs"),
                         pct(res["mfs_change"]), g("coverage"), g("cert_mfs"),
                         *([g("transfer_auroc"), g("gap")] if trows else [])])
     header = ["Variant", "Seeds", "In-dist", "IVR", "ΔIVR", "AS", "MFS", "ΔMFS", "Coverage κ", "MFS cert",
               *(["Transfer", "Gap"] if trows else [])]
     md = (f"Mean over seeds, 95 % cluster-bootstrap CIs; Δ relative to **{reference}**; MFS at full coverage, "
-          f"MFS cert at SGR coverage (α = {selective.alpha}).\n\n" + markdown_table(header, md_rows))
+          f"MFS cert at SGR coverage (α = {selective.alpha}).\n\n" + markdown_table(header, md_rows)
+          + "\n".join(_undertrained_note({v: r["undertrained"] for v, r in results["variants"].items()
+                                          if r["undertrained"]})))
     return Section(key, title, md, results=results)

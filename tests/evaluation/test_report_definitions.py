@@ -175,3 +175,18 @@ def test_deterministic_detector_is_marked():
     e = ensemble_table({"probe": [same, twin]}, toy.pairs(), n_resamples=0)
     assert e.results["detectors"]["probe"]["deterministic"] and est(e.results["detectors"]["probe"], "gain") == 0.0
     assert "probe (single, 2 seeds) ‡" in e.markdown
+
+
+# ------------------------------------------------------------------------------------------------ defect 6
+def test_rows_of_undertrained_runs_are_marked():
+    capped = toy.predictions(0, "sift")
+    capped.meta.update(converged=False, preset="quick")   # the run's training record: hit the epoch cap
+    done = toy.predictions(1, "sift")
+    done.meta.update(converged=True, preset="quick")
+    fitted = toy.predictions(0, "probe")
+    s = main_table({"sift": [capped, done], "probe": [fitted]}, toy.pairs(), n_resamples=0)
+    assert s.results["detectors"]["sift"]["undertrained"] == "undertrained (quick)"
+    assert s.results["detectors"]["probe"]["undertrained"] is None
+    assert "| sift ⚠ undertrained (quick) |" in s.markdown and "| probe |" in s.markdown
+    e = ensemble_table({"sift": [capped, done]}, toy.pairs(), n_resamples=0)
+    assert "sift (single, 2 seeds) ⚠ undertrained (quick)" in e.markdown
