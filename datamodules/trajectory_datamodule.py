@@ -268,10 +268,13 @@ class TrajectoryDataModule(pl.LightningDataModule):
         # stopping, the decision threshold) and a calibration part ("calib": SGR only, DESIGN §7); train and test
         # are the same items whatever calib_fraction is
         val = items[n_train:n_train + n_val]
-        n_cal = int(round(self.calib_fraction * len(val)))
-        if self.calib_fraction > 0 and (n_cal == 0 or n_cal == len(val)):
-            raise SiftError(f"calib_fraction={self.calib_fraction} of {len(val)} validation items leaves an empty "
-                            f"selection or calibration part; use more items or another fraction")
+        n_cal = min(max(1, int(round(self.calib_fraction * len(val)))), len(val) - 1) if self.calib_fraction else 0
+        if n_cal <= 0 and self.calib_fraction > 0:
+            import warnings
+
+            warnings.warn(f"{len(val)} validation item(s) cannot be split into a selection and a calibration part: "
+                          f"no 'calib' split (SGR will be computed in-sample, not certified)", stacklevel=2)
+            n_cal = 0
         self.split_items = {"train": set(items[:n_train]), "val": set(val[:len(val) - n_cal]),
                             "calib": set(val[len(val) - n_cal:]), "test": set(items[n_train + n_val:])}
         item_split = {i: s for s, its in self.split_items.items() for i in its}

@@ -288,6 +288,11 @@ def test_calibration_split_is_held_out_of_validation_by_item(traj, dm):
     assert len(dm.dataset("calib")) == 0  # calib_fraction=0: no calibration split
     with pytest.raises(SiftError, match="calib_fraction"):
         TrajectoryDataModule(traj / "traj", calib_fraction=1.0)
+    # one validation item cannot be split: no calibration split, said in a warning
+    one = TrajectoryDataModule(traj / "traj", batch_size=4, seed=3, calib_fraction=0.5, split=(0.85, 0.05, 0.1))
+    with pytest.warns(UserWarning, match="no 'calib' split"):
+        one.setup()
+    assert len(one.dataset("calib")) == 0 and len(one.dataset("val")) > 0
 
 
 def test_resample_train_is_a_per_seed_bootstrap_of_train_items(traj):
