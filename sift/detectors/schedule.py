@@ -127,9 +127,10 @@ def training_record(trainer: pl.Trainer, model: Any, history: ValidationHistory 
     elif es is not None and es.stopped_step is not None:
         rec.update(stopped_by="early stopping", converged=True, best_step=es.best_step,
                    patience_steps=es.patience_steps, min_steps=es.min_steps)
+    elif es is None:  # callbacks without StepEarlyStopping: nothing to judge convergence by
+        rec.update(stopped_by="max_epochs", converged=None, reason="no StepEarlyStopping callback: not checked")
     else:
-        best = es.best_step if es is not None else None
-        rec.update(stopped_by="max_epochs", converged=False, best_step=best,
-                   reason=(f"hit max_epochs at step {trainer.global_step} while {es.monitor} was still improving "
-                           f"(best at step {best})" if es is not None else "no early stopping: convergence not checked"))
+        rec.update(stopped_by="max_epochs", converged=False, best_step=es.best_step,
+                   reason=f"hit max_epochs at step {trainer.global_step} while {es.monitor} was still improving "
+                          f"(last gain > min_delta at step {es.best_step}, patience {es.patience_steps} steps)")
     return rec

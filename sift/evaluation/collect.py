@@ -85,7 +85,8 @@ def predict(detector: Any, datamodule: Any, split: str = "test", name: str | Non
         meta={"detector_class": type(detector).__name__, **(meta or {})})
 
 
-def pairs_from_datamodule(datamodule: Any, splits: Sequence[str] = ("val", "test", "transfer")) -> Pairs:
+def pairs_from_datamodule(datamodule: Any,
+                          splits: Sequence[str] = ("val", "calib", "test", "transfer")) -> Pairs:
     """Verified pairs of the DataModule's ``splits`` (``datamodule.pairs(split)``) by trace id."""
     cols: dict[str, list] = {k: [] for k in ("axis", "kind", "source_id", "shifted_id", "phi_source",
                                               "phi_shifted", "base_item")}
