@@ -20,7 +20,9 @@ Loaders:
   (seed, ``trainer.current_epoch``, env). The sampler yields ``(epoch, step)`` items, so Lightning's distributed
   sampler wrapper can split the steps over DDP ranks.
 * ``train_flat_dataloader()`` — a plain shuffled TraceBatch loader over the train split (baselines).
-* ``val_dataloader()``, ``test_dataloader()``, ``transfer_dataloader()`` — ordered TraceBatch loaders; example i
+* ``val_dataloader()``, ``calib_dataloader()``, ``test_dataloader()``, ``transfer_dataloader()`` — ordered
+  TraceBatch loaders (``calib``: the ``calib_fraction`` share of the validation items, held out from
+  checkpoint selection and thresholds for SGR calibration); example i
   of ``dataset(split)`` is row i in order, which is what :class:`~datamodules.batch.PairIndex` refers to.
 * ``pairs(split, kind=None, axis=None)`` — verified pairs with both traces in the split;
   ``pair_dataloader(...)`` yields :class:`PairBatch` (source batch, shifted batch, the PairIndex list).
@@ -54,7 +56,7 @@ from sift.trajectories import features as F
 from sift.trajectories.descriptors import early_commitment
 from sift.trajectories.probe import AnswerProbe
 
-SPLITS = ("train", "val", "test", "transfer")
+SPLITS = ("train", "val", "calib", "test", "transfer")
 DOMAIN_ORDER = ("arithmetic", "modular", "boolean", "choice")
 
 
@@ -180,12 +182,15 @@ class TrajectoryDataModule(pl.LightningDataModule):
                  models: Sequence[str] | None = None, holdout_domain: str | None = None,
                  holdout_model: str | None = None, env_by: str = "condition", drop_channels: Sequence[str] = (),
                  probe_C: float = 1.0, probe_max_samples: int = 20_000, num_workers: int = 0,
-                 length_buckets: int = 8):
+                 length_buckets: int = 8, calib_fraction: float = 0.0):
         super().__init__()
         if env_by not in ("condition", "condition_model"):
             raise SiftError(f"env_by must be 'condition' or 'condition_model', got {env_by!r}")
         if len(split) != 3 or abs(sum(split) - 1) > 1e-6 or min(split) < 0:
             raise SiftError(f"split must be three non-negative fractions summing to 1, got {list(split)}")
+        if not 0.0 <= calib_fraction < 1.0:
+            raise SiftError(f"calib_fraction must lie in [0, 1), got {calib_fraction}")
+        self.calib_fraction = float(calib_fraction)
         self.trajectory_dir = Path(trajectory_dir)
         self.corpus_dir = Path(corpus_dir) if corpus_dir is not None else None
         self.batch_size, self.env_batch_size = batch_size, env_batch_size or batch_size
@@ -259,8 +264,19 @@ class TrajectoryDataModule(pl.LightningDataModule):
         n = len(items)
         n_train = int(round(self.split_fractions[0] * n))
         n_val = int(round(self.split_fractions[1] * n))
-        self.split_items = {"train": set(items[:n_train]), "val": set(items[n_train:n_train + n_val]),
-                            "test": set(items[n_train + n_val:])}
+        # the validation block splits by base item into a selection part ("val": checkpoint selection, early
+        # stopping, the decision threshold) and a calibration part ("calib": SGR only, DESIGN §7); train and test
+        # are the same items whatever calib_fraction is
+        val = items[n_train:n_train + n_val]
+        n_cal = min(max(1, int(round(self.calib_fraction * len(val)))), len(val) - 1) if self.calib_fraction else 0
+        if n_cal <= 0 and self.calib_fraction > 0:
+            import warnings
+
+            warnings.warn(f"{len(val)} validation item(s) cannot be split into a selection and a calibration part: "
+                          f"no 'calib' split (SGR will be computed in-sample, not certified)", stacklevel=2)
+            n_cal = 0
+        self.split_items = {"train": set(items[:n_train]), "val": set(val[:len(val) - n_cal]),
+                            "calib": set(val[len(val) - n_cal:]), "test": set(items[n_train + n_val:])}
         item_split = {i: s for s, its in self.split_items.items() for i in its}
         self.trace_split: dict[str, str | None] = {}
         for t in self.traces.values():
@@ -460,6 +476,27 @@ class TrajectoryDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")
+
+    def resample_train(self, seed: int) -> None:
+        """Replace the training split by a cluster bootstrap of its base items (as many items, drawn with
+        replacement, all traces of a drawn item; ``detector.seed_resample``). Validation, calibration and test
+        are untouched; deterministic in ``seed``."""
+        self._need()
+        by_item: dict[str, list[TraceExample]] = {}
+        for e in self.datasets["train"].examples:
+            by_item.setdefault(e.base_item, []).append(e)
+        items = sorted(by_item)
+        if not items:
+            raise SiftError("resample_train: the training split is empty")
+        rng = np.random.default_rng([int(seed), 0x5EED])
+        drawn = rng.integers(0, len(items), size=len(items))
+        self.datasets["train"] = TraceDataset([e for i in drawn for e in by_item[items[i]]])
+        self.train_env_ids = sorted({e.env for e in self.datasets["train"].examples})
+        self.summary["train_resampled_seed"] = int(seed)
+
+    def calib_dataloader(self) -> DataLoader:
+        """The SGR calibration part of the validation items (empty with ``calib_fraction=0``)."""
+        return self._loader("calib")
 
     def transfer_dataloader(self) -> DataLoader:
         return self._loader("transfer")

@@ -23,7 +23,7 @@ from sift.atomic import write_json, write_text
 from sift.cli._common import CONFIG_DIR
 from sift.errors import SiftError
 
-SPLITS = ("val", "test", "transfer")
+SPLITS = ("val", "calib", "test", "transfer")
 
 
 @dataclass
@@ -108,11 +108,17 @@ def extract(cfg: DictConfig, out: Path) -> dict | None:
     return run(c)
 
 
+def max_epochs(cfg: DictConfig, detector: str) -> int:
+    """The epoch cap of a detector's runs: ``max_epochs_by_detector[detector]`` if set, else ``max_epochs``."""
+    by = cfg.get("max_epochs_by_detector") or {}
+    return int(by.get(detector, cfg.max_epochs))
+
+
 def train_config(cfg: DictConfig, out: Path, spec: RunSpec) -> DictConfig:
     run_dir = out / "runs" / spec.key
     return compose("train", [*spec.overrides, f"seed={spec.seed}", "data=trajectory",
                              f"data.trajectory_dir={out / 'trajectories'}", f"data.corpus_dir={out / 'corpus'}",
-                             f"data.seed={cfg.seed}", f"trainer.max_epochs={cfg.max_epochs}",
+                             f"data.seed={cfg.seed}", f"trainer.max_epochs={max_epochs(cfg, spec.detector)}",
                              f"paths.output_dir={run_dir}", "trainer.enable_progress_bar=false",
                              *([] if cfg.wandb else ["logger=csv"]), *cfg.train_overrides])
 
@@ -163,6 +169,13 @@ def train_all(cfg: DictConfig, out: Path,
     return records, preds
 
 
+def training_meta(record: dict) -> dict[str, Any]:
+    """What the report needs of a run's training record: converged or not (see
+    :func:`sift.detectors.schedule.training_record`), stop epoch, best validation loss."""
+    t = record.get("training") or {}
+    return {k: t.get(k) for k in ("converged", "stopped_by", "stop_epoch", "best_val_loss")}
+
+
 def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict[str, Path]:
     """Per-trace predictions of the run's best checkpoint on every split it has (reused when up to date)."""
     from sift.detectors.module import load_detector
@@ -186,7 +199,8 @@ def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict
         p = predict(det, dm, s, spec.detector, spec.seed)
         if len(p):
             p.meta.update({"run": spec.key, "group": spec.group, **spec.tags, "run_hash": record["run_hash"],
-                           "config_hash": record["config_hash"]})
+                           "config_hash": record["config_hash"], "preset": str(cfg.get("preset_name", "")),
+                           **training_meta(record)})
             done[s] = p.save(files[s])
     stamp.write_text(record["run_hash"])
     return done

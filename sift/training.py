@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from sift import __version__
 from sift.atomic import write_json
+from sift.detectors.schedule import ValidationHistory, training_record
 from sift.errors import SiftError
 from sift.provenance import config_hash
 
@@ -247,6 +248,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _finish_wandb()
 
 
+#: detector-config keys that configure the run, not the detector's constructor (dropped unless it accepts them)
+DETECTOR_RUN_KEYS = ("seed_resample", "early_stopping")
+
+
+def _resample_train(dm: Any, seed: int) -> None:
+    """``detector.seed_resample``: a per-seed cluster bootstrap of the training split (by base item), so that
+    deterministic fits (the logistic-regression baselines) vary with the seed like the seed's data would."""
+    if not hasattr(dm, "resample_train"):
+        raise SiftError(f"detector.seed_resample=true needs a DataModule with resample_train(seed); "
+                        f"{type(dm).__name__} has none")
+    dm.resample_train(seed)
+
+
 def _setup_data(cfg: DictConfig) -> Any:
     dm = instantiate_node(cfg.data)
     dm.prepare_data()
@@ -321,11 +335,15 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
     t0 = time.time()
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
     dm = _setup_data(cfg)
+    if cfg.detector.get("seed_resample", False):
+        _resample_train(dm, int(cfg.seed))
     spec = DataSpec.from_datamodule(dm)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)  # init does not depend on data setup
-    model = instantiate_node(cfg.detector, drop=(), **spec.as_kwargs())
+    model = instantiate_node(cfg.detector, drop=DETECTOR_RUN_KEYS, **spec.as_kwargs())
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()
                  if isinstance(c, DictConfig) and "_target_" in c]
+    history = ValidationHistory()
+    callbacks.append(history)
     loggers = build_loggers(cfg)
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False,
                                       default_root_dir=str(out_dir))
@@ -353,6 +371,7 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
     rec = _record(cfg, kind, metrics, t0, threshold=float(model.threshold), best_ckpt=best or None,
                   last_ckpt=str(ckpt_dir / "last.ckpt") if (ckpt_dir / "last.ckpt").is_file() else None,
                   epochs=int(trainer.current_epoch), global_step=int(trainer.global_step),
+                  training=training_record(trainer, model, history),
                   n_parameters=n_parameters(model), data_spec={"n_channels": len(spec.channel_names),
                                                                "n_features": len(spec.feature_names),
                                                                "pooled_dim": spec.pooled_dim,

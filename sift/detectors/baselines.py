@@ -74,7 +74,13 @@ def _selector(inputs: str, prefixes: Sequence[str], channel: str | None, **data:
 
 
 class LogisticDetector(DetectorModule):
-    """Logistic regression (scikit-learn, C given) on selected inputs, fitted once on the training data."""
+    """Logistic regression (scikit-learn, C given) on selected inputs, fitted once on the training data.
+
+    The fit is convex and deterministic: every seed gives the same detector unless the training set itself
+    changes with the seed (``detector.seed_resample``)."""
+
+    #: trained in one pass (the training record counts it as converged)
+    fits_once = True
 
     def __init__(self, *, name: str = "logistic", inputs: str = "features", prefixes: Sequence[str] = (),
                  channel: str | None = None, C: float = 1.0, standardize: bool = True, max_iter: int = 1000,
@@ -172,14 +178,16 @@ class MLPDetector(DetectorModule):
                  irm_lambda: float = 1.0, irm_anneal_steps: int = 0, use_dann: bool = False,
                  dann_weight: float = 0.5, dann_domain: str = "env", dann_hidden: int = 128,
                  dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
-                 threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
+                 threshold_method: str = "youden", stats_max_batches: int = 200, warmup_steps: int = 0,
+                 lr_schedule: str = "constant", lr_min_ratio: float = 0.1) -> None:
         super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
                          pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models, lr=lr,
                          weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
                          irm_lambda=irm_lambda, irm_anneal_steps=irm_anneal_steps, use_dann=use_dann,
                          dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
                          dann_schedule=dann_schedule, dann_lr_mult=dann_lr_mult,
-                         threshold_method=threshold_method, stats_max_batches=stats_max_batches)
+                         threshold_method=threshold_method, stats_max_batches=stats_max_batches,
+                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, lr_min_ratio=lr_min_ratio)
         self.save_hyperparameters(logger=False)
         self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,
                                   feature_names=self.feature_names, pooled_dim=self.pooled_dim)

@@ -180,8 +180,15 @@ class DetectorModule(pl.LightningModule):
                  use_irm: bool = False, irm_lambda: float = 1.0, irm_anneal_steps: int = 0,
                  use_dann: bool = False, dann_weight: float = 0.5, dann_domain: str = "env",
                  dann_hidden: int = 128, dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
-                 threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
+                 threshold_method: str = "youden", stats_max_batches: int = 200, warmup_steps: int = 0,
+                 lr_schedule: str = "constant", lr_min_ratio: float = 0.1) -> None:
         super().__init__()
+        from sift.detectors.schedule import lr_lambda
+
+        lr_lambda(warmup_steps, 1, lr_schedule, lr_min_ratio)  # validates the schedule arguments
+        if warmup_steps < 0:
+            raise SiftError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        self.warmup_steps, self.lr_schedule, self.lr_min_ratio = int(warmup_steps), lr_schedule, float(lr_min_ratio)
         if dann_schedule not in ("constant", "ganin"):
             raise SiftError(f"dann_schedule must be 'constant' or 'ganin', got {dann_schedule!r}")
         if env_reduction not in ("sum", "mean"):
@@ -295,7 +302,15 @@ class DetectorModule(pl.LightningModule):
             groups.append({"params": list(self.domain_classifier.parameters()), "lr": self.lr * self.dann_lr_mult})
         if not groups:
             return None
-        return torch.optim.Adam(groups, lr=self.lr, weight_decay=self.weight_decay)
+        opt = torch.optim.Adam(groups, lr=self.lr, weight_decay=self.weight_decay)
+        if self.warmup_steps == 0 and self.lr_schedule == "constant":
+            return opt
+        from sift.detectors.schedule import lr_lambda
+
+        total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(self.warmup_steps, total, self.lr_schedule,
+                                                                 self.lr_min_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
 
     def on_fit_start(self) -> None:
         if not self.needs_input_stats():

@@ -152,14 +152,16 @@ class SIFTDetector(DetectorModule):
                  use_attention_stability: bool = True, use_early_commitment: bool = True,
                  drop_channels: Sequence[str] = (), standardize: bool = True, lr: float = 1e-3,
                  weight_decay: float = 0.0, env_reduction: str = "sum", threshold_method: str = "youden",
-                 stats_max_batches: int = 200) -> None:
+                 stats_max_batches: int = 200, warmup_steps: int = 0, lr_schedule: str = "constant",
+                 lr_min_ratio: float = 0.1) -> None:
         super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
                          pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models, lr=lr,
                          weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
                          irm_lambda=irm_lambda, irm_anneal_steps=irm_anneal_steps, use_dann=use_dann,
                          dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
                          dann_schedule=dann_schedule, dann_lr_mult=dann_lr_mult,
-                         threshold_method=threshold_method, stats_max_batches=stats_max_batches)
+                         threshold_method=threshold_method, stats_max_batches=stats_max_batches,
+                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, lr_min_ratio=lr_min_ratio)
         self.save_hyperparameters(logger=False)
         drop = list(drop_channels)
         if not use_attention_stability:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from sift.errors import SiftError
 from sift.evaluation.metrics import harmonic_mfs
 from sift.evaluation.predictions import Pairs, Predictions
-from sift.metrics import SGRResult, UndefinedMetricWarning, cluster_bootstrap, sgr
+from sift.metrics import SGRResult, UndefinedMetricWarning, sgr
 
 NAN = math.nan
 
@@ -163,16 +163,23 @@ class RunData:
         return int(self.p_src.size)
 
     # -------------------------------------------------------------------------------------------- statistics
-    def pair_rates(self, prow: np.ndarray, sel: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
-        """Per-axis IVR (len(axes)), macro-mean IVR and AS on pair rows ``prow`` (optionally masked)."""
-        if sel is not None:
-            prow = prow[sel]
+    def violation_counts(self, prow: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per preserving axis: number of pairs and of invariance violations among pair rows ``prow``."""
         a = self.p_axis[prow]
         vs, vd = self.verdict[self.p_src[prow]], self.verdict[self.p_dst[prow]]
         pres = a >= 0
         k = len(self.axes)
         cnt = np.bincount(a[pres], minlength=k).astype(float)
         viol = np.bincount(a[pres], weights=(vs[pres] != vd[pres]).astype(float), minlength=k)
+        return cnt, viol
+
+    def pair_rates(self, prow: np.ndarray, sel: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
+        """Per-axis IVR (len(axes)), macro-mean IVR (unweighted over axes with pairs) and AS on pair rows
+        ``prow`` (optionally masked)."""
+        if sel is not None:
+            prow = prow[sel]
+        vs, vd = self.verdict[self.p_src[prow]], self.verdict[self.p_dst[prow]]
+        cnt, viol = self.violation_counts(prow)
         with np.errstate(invalid="ignore", divide="ignore"):
             per = np.where(cnt > 0, viol / np.maximum(cnt, 1), NAN)
         ivr = float(per[cnt > 0].mean()) if np.any(cnt > 0) else NAN
@@ -190,40 +197,70 @@ class RunData:
         prow = self.pair_index.rows(drawn) if self.pair_index is not None else np.arange(self.n_pairs)
         out: dict[str, Any] = {"auroc": fast_auroc(self.prob[trow], self.label[trow]) if trow.size else NAN}
         per, ivr, as_ = self.pair_rates(prow)
+        cnt, viol = self.violation_counts(prow)
         out["ivr_axes"] = per
+        # pooled IVR: violations / preserving pairs over all axes (weights axes by their pair counts)
+        out["ivr_pooled"] = float(viol.sum() / cnt.sum()) if cnt.sum() > 0 else NAN
         out.update(ivr=ivr, as_=as_, mfs=harmonic_mfs(ivr, as_, 1.0))
         if self.sgr is not None:
             cov = float(np.mean(self.rho[trow] >= self.t_star)) if trow.size else NAN
             cert = (self.rho[self.p_src[prow]] >= self.t_star) & (self.rho[self.p_dst[prow]] >= self.t_star)
             _, civr, cas = self.pair_rates(prow, cert)
+            # an infeasible SGR certifies nothing: coverage κ = 0, so MFS_cert = κ·H = 0 (counted, not skipped);
+            # certified IVR/AS stay undefined (no certified pair) and are averaged over feasible seeds only
             out.update(coverage=cov, cert_ivr=civr, cert_as=cas,
-                       cert_mfs=harmonic_mfs(civr, cas, cov) if self.sgr.feasible else NAN)
+                       cert_mfs=harmonic_mfs(civr, cas, cov) if self.sgr.feasible else 0.0,
+                       feasible=float(self.sgr.feasible))
         return out
 
 
+def item_resamples(n_items: int, n_resamples: int, seed: int = 0,
+                   strata: np.ndarray | None = None) -> Iterator[np.ndarray]:
+    """Item codes of ``n_resamples`` cluster-bootstrap replicates: each stratum's items drawn with replacement,
+    as many as it holds (one stratum, the default: the draws of :func:`sift.metrics.cluster_bootstrap` over
+    ``arange(n_items)``)."""
+    if strata is None:
+        groups = [np.arange(n_items)]
+    else:
+        strata = np.asarray(strata)
+        if strata.shape != (n_items,):
+            raise SiftError(f"strata must have one entry per item ({n_items}), got shape {strata.shape}")
+        groups = [np.flatnonzero(strata == s) for s in np.unique(strata)]
+    rng = np.random.default_rng(seed)
+    for _ in range(n_resamples):
+        yield np.concatenate([g[rng.integers(0, g.size, size=g.size)] for g in groups])
+
+
+def split_strata(items: Items, splits: Sequence[Sequence[Predictions]]) -> np.ndarray | None:
+    """Stratum of every item for :func:`bootstrap_vector`: items in the same set of evaluated splits (each entry
+    of ``splits`` = the runs on one split) share a stratum, so every replicate keeps each split's item count.
+    None when all items are in every split (one stratum)."""
+    member = np.zeros((len(items), len(splits)), dtype=bool)
+    for k, runs in enumerate(splits):
+        for p in runs:
+            member[[items.code[str(b)] for b in set(p.base_item.tolist())], k] = True
+    _, sid = np.unique(member, axis=0, return_inverse=True)
+    sid = np.asarray(sid).reshape(-1)
+    return None if np.unique(sid).size <= 1 else sid
+
+
 def bootstrap_vector(fn: Callable[[np.ndarray | None], np.ndarray], n_items: int, n_resamples: int,
-                     seed: int = 0, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     seed: int = 0, confidence: float = 0.95,
+                     strata: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Estimate and percentile CI of every component of a vector statistic of the drawn base items.
 
-    Draws come from :func:`sift.metrics.cluster_bootstrap` over the item list (each item one cluster), so all
-    components of one replicate share the same resample. ``fn(None)`` is the full-data estimate. With
+    The pool is the ``n_items`` items of the evaluated split(s) (never the whole corpus); draws come from
+    :func:`item_resamples`, stratified by ``strata`` (see :func:`split_strata`) when a table mixes splits, so
+    all components of one replicate share the same resample. ``fn(None)`` is the full-data estimate. With
     ``n_resamples=0`` the CI is NaN. NaN replicates are ignored per component.
     """
     est = np.asarray(fn(None), dtype=float)
     if n_resamples <= 0 or n_items == 0:
         nan = np.full(est.shape, NAN)
         return est, nan, nan.copy()
-    reps: list[np.ndarray] = []
-    first = [True]
-
-    def stat(idx: np.ndarray) -> float:
-        if first[0]:  # cluster_bootstrap's own full-data call
-            first[0] = False
-            return 0.0
-        reps.append(np.asarray(fn(idx), dtype=float))
-        return 0.0
-
-    cluster_bootstrap(stat, np.arange(n_items), n_resamples, seed, confidence)
+    if not 0.0 < confidence < 1.0:
+        raise SiftError(f"confidence must lie in (0, 1), got {confidence}")
+    reps = [np.asarray(fn(idx), dtype=float) for idx in item_resamples(n_items, n_resamples, seed, strata)]
     arr = np.vstack(reps) if reps else np.full((1,) + est.shape, NAN)
     tail = 100.0 * (1.0 - confidence) / 2.0
     with warnings.catch_warnings():
@@ -233,6 +270,8 @@ def bootstrap_vector(fn: Callable[[np.ndarray | None], np.ndarray], n_items: int
 
 
 def common_items(*preds_lists: Sequence[Predictions], pairs: Pairs | None = None) -> Items:
+    """The base items of the given runs (the bootstrap pool). ``pairs`` adds the items of every pair, i.e. of the
+    whole corpus: the tables never pass it (DESIGN §7: resample the items of the split being evaluated)."""
     names: set[str] = set()
     for lst in preds_lists:
         for p in lst:
@@ -284,6 +323,23 @@ def match_calibration(run: Predictions, calib: dict[str, list[Predictions]] | No
         if c.seed == run.seed:
             return c
     return None
+
+
+#: the split that calibrates SGR: disjoint (by base item) from the validation part that selects the checkpoint
+#: and fits the decision threshold (DESIGN §7)
+CALIB_SPLIT = "calib"
+
+
+def calibration_source(calib: dict[str, list[Predictions]] | None) -> str:
+    """How SGR was calibrated, for the report: the split name, and whether it is a valid certificate."""
+    if not calib:
+        return "in-sample on the evaluated split (descriptive, not a certificate)"
+    splits = sorted({p.split for lst in calib.values() for p in (lst if isinstance(lst, (list, tuple)) else [lst])})
+    if splits == [CALIB_SPLIT]:
+        return (f"on the '{CALIB_SPLIT}' split (validation items held out from checkpoint selection and the "
+                f"threshold)")
+    return (f"on split {', '.join(splits)} (not disjoint from checkpoint selection / threshold fitting if this is "
+            f"the validation split those used: not a valid certificate)")
 
 
 def check_same_split(runs: dict[str, list[Predictions]]) -> None:

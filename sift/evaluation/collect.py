@@ -16,7 +16,8 @@ import numpy as np
 from sift.errors import SiftError
 from sift.evaluation.predictions import Pairs, Predictions
 
-LOADERS = {"val": "val_dataloader", "test": "test_dataloader", "transfer": "transfer_dataloader"}
+LOADERS = {"val": "val_dataloader", "calib": "calib_dataloader", "test": "test_dataloader",
+           "transfer": "transfer_dataloader"}
 
 
 def split_loader(datamodule: Any, split: str) -> Any:
@@ -25,7 +26,7 @@ def split_loader(datamodule: Any, split: str) -> Any:
         return datamodule.train_flat_dataloader(shuffle=False)
     fn = LOADERS.get(split)
     if fn is None:
-        raise SiftError(f"unknown split {split!r}; expected train, val, test or transfer")
+        raise SiftError(f"unknown split {split!r}; expected train, val, calib, test or transfer")
     if not hasattr(datamodule, fn):
         raise SiftError(f"{type(datamodule).__name__} has no {fn}() (split {split!r})")
     return getattr(datamodule, fn)()
@@ -84,7 +85,8 @@ def predict(detector: Any, datamodule: Any, split: str = "test", name: str | Non
         meta={"detector_class": type(detector).__name__, **(meta or {})})
 
 
-def pairs_from_datamodule(datamodule: Any, splits: Sequence[str] = ("val", "test", "transfer")) -> Pairs:
+def pairs_from_datamodule(datamodule: Any,
+                          splits: Sequence[str] = ("val", "calib", "test", "transfer")) -> Pairs:
     """Verified pairs of the DataModule's ``splits`` (``datamodule.pairs(split)``) by trace id."""
     cols: dict[str, list] = {k: [] for k in ("axis", "kind", "source_id", "shifted_id", "phi_source",
                                               "phi_shifted", "base_item")}

@@ -21,6 +21,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sift.detectors.thresholds import fit_threshold
+from sift.evaluation.analysis import CALIB_SPLIT
+from sift.evaluation.tables import IN_DIST
 from sift.errors import SiftError
 from sift.evaluation.predictions import Pairs, Predictions, average
 from sift.report import Section
@@ -40,9 +42,9 @@ def load_predictions(specs: list, files: dict[str, dict[str, Path]]) -> list[Pre
                 p.detector = spec.tags["variant"]
             if spec.group in TRANSFER_SETTING:
                 held = spec.tags.get("holdout_domain") or spec.tags.get("holdout_model")
-                if split == "test":  # in-distribution test of a transfer run: the matrix's diagonal cell
-                    p.meta.update(train_on=f"all but {held}", test_on="in-distribution",
-                                  matrix=TRANSFER_SETTING[spec.group])
+                if split == "test":  # in-distribution test of a transfer run: the matrix's in-distribution cell
+                    p.meta.update(train_on=f"all but {held}", test_on=IN_DIST, matrix=TRANSFER_SETTING[spec.group],
+                                  in_dist_of=f"{TRANSFER_SETTING[spec.group]} ({held})")  # like-for-like gap
                 elif split == "transfer":
                     p.meta.update(train_on=f"all but {held}", test_on=held, matrix=TRANSFER_SETTING[spec.group])
                 else:
@@ -60,7 +62,8 @@ def load_predictions(specs: list, files: dict[str, dict[str, Path]]) -> list[Pre
 
 def instance_ensembles(preds: list[Predictions], members: list[str]) -> list[Predictions]:
     """The paper's instance-level ensemble: per seed, the probability average of ``members`` (main runs),
-    its threshold frozen on the averaged validation predictions."""
+    its threshold frozen on the averaged validation (selection) predictions; also on the calibration split when
+    every member has one (SGR)."""
     by = {(p.detector, p.seed, p.split): p for p in preds if "transfer_setting" not in p.meta
           and "ablation" not in p.meta and "matrix" not in p.meta}
     seeds = sorted({s for (d, s, sp) in by if d == members[0] and s is not None})
@@ -70,7 +73,8 @@ def instance_ensembles(preds: list[Predictions], members: list[str]) -> list[Pre
             continue
         val = average([by[(d, s, "val")] for d in members], "instance_ensemble", 0.5)
         thr = fit_threshold(val.prob, val.label)
-        for sp in ("val", "test"):
+        splits = ("val", CALIB_SPLIT, "test") if all((d, s, CALIB_SPLIT) in by for d in members) else ("val", "test")
+        for sp in splits:
             e = average([by[(d, s, sp)] for d in members], "instance_ensemble", thr)
             out.append(Predictions("instance_ensemble", s, sp, thr, e.trace_id, e.base_item, e.domain, e.model,
                                    e.condition, e.label, e.prob, meta={"members": members}))
@@ -93,10 +97,31 @@ def instance_ensemble_transfer(specs: list, files: dict[str, dict[str, Path]],
         val = average([Predictions.load(by[d]["val"]) for d in members], "instance_ensemble", 0.5)
         thr = fit_threshold(val.prob, val.label)
         e = average([Predictions.load(by[d]["transfer"]) for d in members], "instance_ensemble", thr)
+        setting = f"{TRANSFER_SETTING[group]} ({held})"
         out.append(Predictions("instance_ensemble", seed, "transfer", thr, e.trace_id, e.base_item, e.domain,
                                e.model, e.condition, e.label, e.prob,
-                               meta={"members": members, "transfer_setting": f"{TRANSFER_SETTING[group]} ({held})"}))
+                               meta={"members": members, "transfer_setting": setting}))
+        if all("test" in by[d] for d in members):  # its own in-distribution test split (like-for-like gap)
+            e = average([Predictions.load(by[d]["test"]) for d in members], "instance_ensemble", thr)
+            out.append(Predictions("instance_ensemble", seed, "test", thr, e.trace_id, e.base_item, e.domain,
+                                   e.model, e.condition, e.label, e.prob,
+                                   meta={"members": members, "in_dist_of": setting}))
     return out
+
+
+def runs_training(out: Path, specs: list) -> dict[str, Any]:
+    """Per run: stop epoch, optimizer steps, best validation loss, what stopped it and whether it converged
+    (from ``runs/<key>/results.json``)."""
+    import json
+
+    res: dict[str, Any] = {}
+    for spec in specs:
+        path = out / "runs" / spec.key / "results.json"
+        t = json.loads(path.read_text()).get("training") if path.is_file() else None
+        if t:
+            res[spec.key] = {k: t.get(k) for k in ("stop_epoch", "global_step", "best_val_loss", "stopped_by",
+                                                   "converged", "best_step")}
+    return res
 
 
 def corpus_section(corpus_dir: Path) -> Section:
@@ -193,14 +218,14 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     preds += instance_ensemble_transfer(specs, files, list(cfg.instance_ensemble))
     main = {}
     for p in preds:
-        if p.split == "test" and not ({"transfer_setting", "ablation", "matrix"} & set(p.meta)):
+        if p.split == "test" and not ({"transfer_setting", "ablation", "matrix", "in_dist_of"} & set(p.meta)):
             main.setdefault(p.detector, []).append(p)
     common = {"n_resamples": int(cfg.bootstrap_resamples), "seed": int(cfg.seed)}
     inputs = {"runs": main, "pairs": pairs, "traces": TraceTable.from_corpus(corpus), "out_dir": report_dir}
     extra = appendix_sections(cfg, inputs)
     extra += companion(cfg, report_dir)
     meta = {"config_hash": config_hash(OmegaConf.to_container(cfg, resolve=True)), "preset": cfg.preset_name,
-            "seeds": list(cfg.seeds), "runs": [s.key for s in specs]}
+            "seeds": list(cfg.seeds), "runs": [s.key for s in specs], "training": runs_training(out, specs)}
     selective = SelectiveConfig(alpha=float(cfg.sgr.alpha), delta=float(cfg.sgr.delta), bound=str(cfg.sgr.bound))
     report_from_predictions(preds, pairs, report_dir, extra_sections=[corpus_section(corpus), *extra],
                             selective=selective, reference="sift", title="sift-faithshift report", meta=meta, **common)

@@ -29,7 +29,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from sift.errors import SiftError
-from sift.evaluation.analysis import SelectiveConfig
+from sift.evaluation.analysis import CALIB_SPLIT, SelectiveConfig
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.report import Section, write_report
 
@@ -173,7 +173,8 @@ def _group(preds: Iterable[Predictions]) -> dict[str, list[Predictions]]:
 
 # ------------------------------------------------------------------------------------------- report
 def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, out_dir: str | Path, *,
-                            split: str = "test", calib_split: str | None = "val",
+                            split: str = "test", calib_split: str | None = CALIB_SPLIT,
+                            select_split: str | None = "val",
                             selective: SelectiveConfig = SelectiveConfig(), alphas: Sequence[float] = (0.25, 0.30),
                             coverages: Sequence[float] = DEFAULT_COVERAGES, match_coverage: float = 0.70,
                             reference: str | None = None, families: Mapping[str, str] | None = None,
@@ -182,18 +183,27 @@ def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, ou
                             write: bool = True) -> list[Section]:
     """Build every section from in-memory predictions and write ``report.md``/``results.json`` to ``out_dir``.
 
-    ``predictions`` may mix splits: runs on ``split`` are evaluated; runs on ``calib_split`` calibrate SGR;
-    runs on ``transfer`` (or any split whose ``meta['transfer_setting']`` is set) give the transfer AUROCs, by
-    ``meta['transfer_setting']`` (default ``"transfer"``). Runs with ``meta['train_on']``/``meta['test_on']``
-    go to transfer matrices (one per detector and ``meta['matrix']`` setting) and nowhere else.
+    ``predictions`` may mix splits: runs on ``split`` are evaluated; runs on ``calib_split`` (default
+    ``"calib"``: validation items held out from checkpoint selection and thresholds) calibrate SGR — without
+    them SGR is computed in-sample and the report says it is not a certificate; runs on ``select_split``
+    (``"val"``) freeze the thresholds of seed ensembles built here; runs on ``transfer`` (or any split whose
+    ``meta['transfer_setting']`` is set) give the transfer AUROCs, by ``meta['transfer_setting']`` (default
+    ``"transfer"``). Runs with ``meta['train_on']``/``meta['test_on']`` go to transfer matrices (one per
+    detector and ``meta['matrix']`` setting); those with ``meta['in_dist_of']`` (a transfer run's own
+    in-distribution test split) also give the like-for-like transfer gap of that setting.
     """
     from sift.evaluation import tables as T
 
     out_dir = Path(out_dir)
     matrix_runs = [p for p in predictions if "train_on" in p.meta and "test_on" in p.meta]
-    rest = [p for p in predictions if not ("train_on" in p.meta and "test_on" in p.meta)]
+    home: dict[str, dict[str, list[Predictions]]] = {}
+    for p in predictions:
+        if "in_dist_of" in p.meta:
+            home.setdefault(str(p.meta["in_dist_of"]), {}).setdefault(run_key(p), []).append(p)
+    rest = [p for p in predictions if not ("train_on" in p.meta and "test_on" in p.meta) and "in_dist_of" not in p.meta]
     test = _group(p for p in rest if p.split == split and "transfer_setting" not in p.meta)
     calib = _group(p for p in rest if calib_split is not None and p.split == calib_split) or None
+    select = _group(p for p in rest if select_split is not None and p.split == select_split) or None
     transfer: dict[str, dict[str, list[Predictions]]] = {}
     for p in rest:
         if p.split == "transfer" or "transfer_setting" in p.meta:
@@ -205,11 +215,11 @@ def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, ou
     # Tables 1, 3 and 8 list the detectors; ablations and factorial cells have Table 4 and appendix F
     primary = {k: v for k, v in test.items() if not any(is_variant(p) for p in v)} or test
     if test:
-        sections.append(T.main_table(primary, pairs, transfer=transfer or None, calib=calib, selective=selective,
-                                     **common))
+        sections.append(T.main_table(primary, pairs, transfer=transfer or None, transfer_in_dist=home or None,
+                                     calib=calib, selective=selective, **common))
         if any(len([p for p in v if p.seed is not None]) >= 2 or any(p.seed is None for p in v)
                for v in primary.values()):
-            sections.append(T.ensemble_table(primary, pairs, calib=calib, **common))
+            sections.append(T.ensemble_table(primary, pairs, val=select, **common))
         sections.append(T.selective_risk_section(primary, pairs, calib=calib, selective=selective, alphas=alphas,
                                                  coverages=coverages, match_coverage=match_coverage,
                                                  reference=reference if reference in T.group_runs(primary) else None,
@@ -254,7 +264,8 @@ def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, ou
     if not sections:
         raise SiftError(f"nothing to report: no predictions on split {split!r} and no transfer matrices")
     if write:
-        info = {"split": split, "calib_split": calib_split, "n_resamples": n_resamples, "bootstrap_seed": seed,
+        info = {"split": split, "calib_split": calib_split if calib else None, "select_split": select_split,
+                "n_resamples": n_resamples, "bootstrap_seed": seed,
                 "runs": {k: [{"seed": p.seed, "n": len(p), "threshold": p.threshold} for p in v]
                          for k, v in test.items()},
                 **dict(meta or {})}
@@ -331,6 +342,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     split, calib_split = str(cfg.get("split") or "test"), cfg.get("calib_split")
+    select_split = cfg.get("select_split", "val")
     preds: list[Predictions] = []
     pairs: Pairs | None = None
     specs = resolve_detectors(cfg.get("detectors") or [])
@@ -338,7 +350,8 @@ def evaluate(cfg: Any) -> dict[str, Any]:
         from sift.evaluation.collect import pairs_from_datamodule, predict
 
         dm = _datamodule(cfg)
-        splits = [split] + ([str(calib_split)] if calib_split and str(calib_split) != split else [])
+        splits = [split] + [str(x) for x in (select_split, calib_split) if x and str(x) != split]
+        splits = [s for i, s in enumerate(splits) if s not in splits[:i] and (s != CALIB_SPLIT or _has_split(dm, s))]
         tname = _transfer_name(cfg)
         if cfg.get("transfer", True) and _has_split(dm, "transfer") and "transfer" not in splits:
             splits.append("transfer")
@@ -378,6 +391,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
     extra = companion(cfg, out_dir)
     sections = report_from_predictions(
         preds, pairs, out_dir, split=split, calib_split=None if calib_split is None else str(calib_split),
+        select_split=None if select_split is None else str(select_split),
         selective=selective, alphas=[float(a) for a in cfg.get("alphas") or (0.25, 0.30)],
         coverages=[float(c) for c in cfg.get("coverages") or DEFAULT_COVERAGES],
         match_coverage=float(cfg.get("match_coverage") or 0.70), reference=cfg.get("reference"),

@@ -7,9 +7,10 @@ split, threshold frozen on validation) and the verified :class:`~sift.evaluation
   runs with ``seed=None`` (shown as ``"<name> (ensemble)"`` rows, see :func:`analysis.group_runs`).
 * ``transfer: dict[str, dict[str, list[Predictions]]]`` — transfer setting (e.g. ``"cross-domain"``) →
   detector name → runs of the same detectors on that shifted split (optional).
-* ``calib: dict[str, list[Predictions]]`` — the same runs on the in-distribution validation split, used to
-  calibrate the SGR threshold (optional; without it SGR is calibrated in-sample on the evaluated split, which
-  is what the paper's Table 3 reports).
+* ``calib: dict[str, list[Predictions]]`` — the same runs on the calibration split (``"calib"``: validation
+  items held out from checkpoint selection and the threshold, DESIGN §7), used to calibrate the SGR threshold
+  (optional; without it SGR is computed in-sample on the evaluated split, as the paper's Table 3 does, and the
+  report says that this is not a certificate).
 
 Conventions (DESIGN §7): verdict = prob ≥ frozen threshold; gate ρ = max(s, 1−s); IVR per preserving axis and
 their unweighted mean; AS over verified altering pairs; MFS = κ·2(1−IVR)·AS/((1−IVR)+AS) with κ = 1 ("full
@@ -31,9 +32,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from sift.errors import SiftError
-from sift.evaluation.analysis import (NAN, Items, RunData, SelectiveConfig, bootstrap_vector, check_same_split,
-                                      common_items, fast_auroc, fmt, fmt_ci, group_runs, match_calibration, num,
-                                      preserving_axes)
+from sift.evaluation.analysis import (NAN, Items, RunData, SelectiveConfig, bootstrap_vector, calibration_source,
+                                      check_same_split, common_items, fast_auroc, fmt, fmt_ci, group_runs,
+                                      match_calibration, num, preserving_axes, split_strata)
 from sift.evaluation.metrics import harmonic_mfs
 from sift.evaluation.predictions import Pairs, Predictions, average
 from sift.metrics import (UndefinedMetricWarning, benjamini_hochberg, mcnemar, risk_upper_bound,
@@ -75,17 +76,66 @@ def _seed_mean(vals: list[float]) -> float:
     return float(np.mean(v)) if v else NAN
 
 
+#: marks the rows of detectors whose seeds give identical predictions (deterministic fits)
+DETERMINISTIC_MARK = "‡"
+DETERMINISTIC_NOTE = ("deterministic: every seed gives identical predictions (a convex fit on the same training "
+                      "data; the seed only drives initialisation and data order), so the seed-repeat floor is 0 by "
+                      "construction. `detector.seed_resample=true` bootstraps the training set per seed to study "
+                      "their seed variance.")
+
+
+UNDERTRAINED_MARK = "⚠"
+
+
+def undertrained(runs: Sequence[Predictions]) -> str | None:
+    """``"undertrained (<preset>)"`` when a run of a row stopped at the epoch cap while still improving
+    (``meta['converged'] is False``, from the run's training record), else None."""
+    bad = [p for p in runs if p.meta.get("converged") is False]
+    if not bad:
+        return None
+    preset = next((str(p.meta["preset"]) for p in bad if p.meta.get("preset")), "")
+    return f"undertrained ({preset})" if preset else "undertrained"
+
+
+def _undertrained_note(labels: dict[str, str]) -> list[str]:
+    if not labels:
+        return []
+    rows = ", ".join(f"{r} ({lab})" for r, lab in labels.items())
+    return ["", f"{UNDERTRAINED_MARK} {rows}: training hit the preset's epoch cap while the validation metric was "
+                f"still improving (`training.converged = false` in the runs' results.json); these are the numbers "
+                f"of an undertrained detector, not of the method. Use a larger preset for them."]
+
+
+def deterministic_seeds(runs: Sequence[Predictions]) -> bool:
+    """True when ≥ 2 seed runs of a detector give identical probabilities on the same traces."""
+    seeded = [p for p in runs if p.seed is not None]
+    if len(seeded) < 2:
+        return False
+    ref = dict(zip(seeded[0].trace_id.tolist(), seeded[0].prob.tolist()))
+    for p in seeded[1:]:
+        if len(p) != len(ref) or any(ref.get(t) != v for t, v in zip(p.trace_id.tolist(), p.prob.tolist())):
+            return False
+    return True
+
+
 # ================================================================================================ Table 1
 def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                transfer: Mapping[str, Mapping[str, Sequence[Predictions]]] | None = None,
+               transfer_in_dist: Mapping[str, Mapping[str, Sequence[Predictions]]] | None = None,
                calib: dict[str, list[Predictions]] | None = None, selective: SelectiveConfig = SelectiveConfig(),
                n_resamples: int = 1000, seed: int = 0, key: str = "main_table",
                title: str = "Main results (Table 1)") -> Section:
-    """Paper Table 1: (a) in-distribution vs transfer AUROC and gap, (b) per-axis IVR, (c) seed-repeat
-    decomposition, (d) IVR, AS, MFS (full coverage) and SGR coverage with certified IVR/AS/MFS, (e) seed
-    stability (mean ± std of in-distribution AUROC over seeds, sample std ddof = 1).
+    """Paper Table 1: (a) in-distribution vs transfer AUROC and gap, (b) per-axis IVR (macro mean over axes and
+    pooled over pairs), (c) seed-repeat decomposition, (d) IVR, AS, MFS (full coverage) and SGR coverage with
+    certified IVR/AS/MFS, (e) seed stability (mean ± std of in-distribution AUROC over seeds, sample std ddof = 1).
 
-    Transfer gap = in-distribution AUROC − mean of the transfer settings' AUROCs. The seed-repeat
+    Transfer gap (the paper's) = the main runs' in-distribution AUROC − mean of the transfer settings'
+    AUROCs. Like-for-like gap = mean over settings of (the transfer run's own in-distribution test AUROC − its
+    held-out AUROC); ``transfer_in_dist`` (setting → detector → the transfer runs' in-distribution test
+    predictions) enables it. Certified columns: a seed whose SGR is infeasible certifies nothing, so it counts
+    with coverage 0 and certified MFS 0; certified IVR/AS average the feasible seeds (n feasible/n shown). The
+    bootstrap resamples the base items of the evaluated splits, stratified so that every replicate keeps each
+    split's number of items. The seed-repeat
     decomposition (App. E.1) uses every unordered pair of seeds (i, j) of a detector on the preserving pairs
     (c, c'): S = 1[φ̂_i(c) ≠ φ̂_j(c)], T = 1[φ̂_i(c) ≠ φ̂_i(c')], averaged over seed pairs, with a
     cluster-bootstrap CI on the overlap; it needs ≥ 2 seeds.
@@ -95,40 +145,51 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     if not rows:
         raise SiftError("main_table: no runs")
     transfer = {k: group_runs({n: _as_list(v) for n, v in d.items()}) for k, d in (transfer or {}).items()}
+    home = {k: group_runs({n: _as_list(v) for n, v in d.items()}) for k, d in (transfer_in_dist or {}).items()}
     settings = list(transfer)
     axes = preserving_axes(pairs)
-    all_preds = [p for lst in rows.values() for p in lst] + [p for d in transfer.values() for l in d.values()
-                                                              for p in l]
-    items = common_items(all_preds, pairs=pairs)
+    flat = lambda d: [p for l in d.values() for p in l]  # noqa: E731
+    splits = [flat(rows), *[flat(transfer[s]) for s in settings], *[flat(home[s]) for s in home]]
+    items = common_items(*splits)
+    strata = split_strata(items, splits)
     data = _prepare(rows, pairs, axes, items, selective, calib)
     tdata = {s: _prepare(d, None, axes, items, None, None) for s, d in transfer.items()}
+    hdata = {s: _prepare(d, None, axes, items, None, None) for s, d in home.items()}
     results: dict[str, Any] = {"axes": axes, "transfer_settings": settings, "n_resamples": n_resamples,
                                "alpha": selective.alpha, "delta": selective.delta, "bound": selective.bound,
-                               "calibration": "validation split" if calib else "in-sample (evaluated split)",
+                               "calibration": calibration_source(calib), "n_items": len(items),
                                "detectors": {}}
     names = ["in_dist_auroc", *[f"transfer_auroc/{s}" for s in settings], "gap",
-             *[f"ivr/{a}" for a in axes], "ivr", "as", "mfs", "coverage", "cert_ivr", "cert_as", "cert_mfs"]
+             *[f"gap_like_for_like/{s}" for s in settings], "gap_like_for_like",
+             *[f"ivr/{a}" for a in axes], "ivr", "ivr_pooled", "as", "mfs", "coverage", "cert_ivr", "cert_as",
+             "cert_mfs"]
     tables = {"a": [], "b": [], "d": [], "c": [], "e": []}
     undefined_notes: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         for row, rds in data.items():
             trds = {s: tdata[s].get(row, []) for s in settings}
+            hrds = {s: hdata.get(s, {}).get(row, []) for s in settings}
 
-            def vec(drawn: np.ndarray | None, rds=rds, trds=trds) -> np.ndarray:
+            def vec(drawn: np.ndarray | None, rds=rds, trds=trds, hrds=hrds) -> np.ndarray:
                 st = [rd.stats(drawn) for rd in rds]
                 ind = _seed_mean([s["auroc"] for s in st])
                 tr = [_seed_mean([t.stats(drawn)["auroc"] for t in trds[s]]) for s in settings]
                 trv = [x for x in tr if not math.isnan(x)]
                 gap = ind - float(np.mean(trv)) if trv and not math.isnan(ind) else NAN
+                own = [_seed_mean([h.stats(drawn)["auroc"] for h in hrds[s]]) for s in settings]
+                like = [o - t for o, t in zip(own, tr)]  # NaN where either side is missing
+                likev = [x for x in like if not math.isnan(x)]
                 per = np.array([s["ivr_axes"] for s in st], float) if axes else np.zeros((len(st), 0))
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
                     per_mean = np.nanmean(per, axis=0) if len(st) else np.full(len(axes), NAN)
-                return np.array([ind, *tr, gap, *per_mean, *[_seed_mean([s[k] for s in st]) for k in
-                                 ("ivr", "as_", "mfs", "coverage", "cert_ivr", "cert_as", "cert_mfs")]], float)
+                return np.array([ind, *tr, gap, *like, float(np.mean(likev)) if likev else NAN, *per_mean,
+                                 *[_seed_mean([s.get(k, NAN) for s in st]) for k in
+                                   ("ivr", "ivr_pooled", "as_", "mfs", "coverage", "cert_ivr", "cert_as",
+                                    "cert_mfs")]], float)
 
-            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
+            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed, strata=strata)
             res = {n: _ci_dict(e, lo, hi) for n, e, lo, hi in zip(names, est, low, high)}
             aucs = [rd.stats()["auroc"] for rd in rds]
             seeds = [rd.pred.seed for rd in rds]
@@ -138,6 +199,8 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             res["sgr"] = [{"seed": rd.pred.seed, "threshold": num(rd.sgr.threshold), "coverage": num(rd.sgr.coverage),
                            "risk": num(rd.sgr.selective_risk), "bound": num(rd.sgr.bound_value),
                            "feasible": rd.sgr.feasible, "reason": rd.sgr.reason} for rd in rds if rd.sgr is not None]
+            res["n_feasible"] = sum(x["feasible"] for x in res["sgr"])
+            res["deterministic"] = deterministic_seeds([rd.pred for rd in rds])
             res["n_traces"] = [len(rd.pred) for rd in rds]
             res["n_pairs"] = [rd.n_pairs for rd in rds]
             by_reason: dict[str, list[str]] = {}
@@ -149,33 +212,48 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             res["seed_repeat"] = dec
             results["detectors"][row] = res
             g = lambda n: fmt_ci(*(res[n][k] if res[n][k] is not None else NAN for k in ("estimate", "low", "high")))
-            tables["a"].append([row, g("in_dist_auroc"), *[g(f"transfer_auroc/{s}") for s in settings], g("gap")])
-            tables["b"].append([row, *[g(f"ivr/{a}") for a in axes], g("ivr")])
-            tables["d"].append([row, g("ivr"), g("as"), g("mfs"), g("coverage"), g("cert_ivr"), g("cert_as"),
-                                g("cert_mfs")])
+            res["undertrained"] = undertrained([rd.pred for rd in rds])
+            mark = f" {DETERMINISTIC_MARK}" if res["deterministic"] else ""
+            if res["undertrained"]:
+                mark += f" {UNDERTRAINED_MARK} {res['undertrained']}"
+            tables["a"].append([row + mark, g("in_dist_auroc"), *[g(f"transfer_auroc/{s}") for s in settings], g("gap"),
+                                g("gap_like_for_like")])
+            tables["b"].append([row + mark, *[g(f"ivr/{a}") for a in axes], g("ivr"), g("ivr_pooled")])
+            tables["d"].append([row + mark, g("ivr"), g("as"), g("mfs"), g("coverage"), f"{res['n_feasible']}/{len(rds)}",
+                                g("cert_ivr"), g("cert_as"), g("cert_mfs")])
             if dec.get("raw") is not None:
                 ov = fmt_ci(*(dec.get(k) if dec.get(k) is not None else NAN for k in ("overlap", "overlap_low",
                                                                                        "overlap_high")), digits=4)
-                tables["c"].append([row, fmt(nz(dec.get("raw"))), fmt(nz(dec.get("floor"))),
+                tables["c"].append([row + mark, fmt(nz(dec.get("raw"))), fmt(nz(dec.get("floor"))),
                                     fmt(nz(dec.get("shift_attributable"))), ov,
                                     fmt(nz(dec.get("stochastic_fraction")), 2), dec.get("n_seed_pairs", 0)])
-            tables["e"].append([row, len(rds), f"{fmt(nz(res['seed_stability']['mean']))} ± "
+            tables["e"].append([row + mark, len(rds), f"{fmt(nz(res['seed_stability']['mean']))} ± "
                                 f"{fmt(std)}"])
     md = [f"Test split; {n_resamples} cluster-bootstrap resamples over base items (95 % CI in brackets); "
           f"SGR α = {selective.alpha}, δ = {selective.delta} ({selective.bound}), calibrated "
           f"{results['calibration']}. Rows with several seeds: mean over seeds.", "",
           "**(a) In-distribution vs transfer AUROC**", "",
-          markdown_table(["Detector", "In-dist", *[f"Transfer: {s}" for s in settings], "Gap"], tables["a"]), "",
-          "**(b) Per-axis invariance violation rate**", "",
-          markdown_table(["Detector", *axes, "Mean"], tables["b"]) if axes else "_no preserving pairs_", "",
+          markdown_table(["Detector", "In-dist", *[f"Transfer: {s}" for s in settings], "Gap",
+                          "Gap (like-for-like)"], tables["a"]), "",
+          "Gap = the main runs' in-distribution AUROC − mean transfer AUROC (the paper's); like-for-like = mean "
+          "over settings of the transfer run's own in-distribution test AUROC − its held-out AUROC.", "",
+          "**(b) Per-axis invariance violation rate** (mean = macro mean over axes, the paper's; pooled = all "
+          "preserving pairs together)", "",
+          markdown_table(["Detector", *axes, "Mean", "Pooled"], tables["b"]) if axes else "_no preserving pairs_",
+          "",
           "**(c) Seed-repeat decomposition** (raw = floor + shift-attributable − overlap)", "",
           markdown_table(["Detector", "Raw IVR", "Seed floor", "Shift-attr.", "Overlap [95% CI]",
                           "Floor/raw", "Seed pairs"], tables["c"]) if tables["c"] else "_needs ≥ 2 seeds_", "",
-          "**(d) Meta-faithfulness** (full coverage; certified = pairs with both traces ρ ≥ t*, κ = SGR coverage)", "",
-          markdown_table(["Detector", "IVR", "AS", "MFS", "Coverage κ", "IVR cert", "AS cert", "MFS cert"],
-                         tables["d"]), "",
+          "**(d) Meta-faithfulness** (full coverage; certified = pairs with both traces ρ ≥ t*, κ = SGR coverage; "
+          "a seed with infeasible SGR counts as κ = 0 and MFS cert = 0; IVR/AS cert average the feasible seeds)", "",
+          markdown_table(["Detector", "IVR", "AS", "MFS", "Coverage κ", "SGR feasible", "IVR cert", "AS cert",
+                          "MFS cert"], tables["d"]), "",
           "**(e) Seed stability** (in-distribution AUROC)", "",
           markdown_table(["Detector", "Seeds", "Mean ± std"], tables["e"])]
+    det = [r for r, v in results["detectors"].items() if v["deterministic"]]
+    if det:
+        md += ["", f"{DETERMINISTIC_MARK} {', '.join(det)}: {DETERMINISTIC_NOTE}"]
+    md += _undertrained_note({r: v["undertrained"] for r, v in results["detectors"].items() if v["undertrained"]})
     if undefined_notes:  # every "—" above, with the reason (also under "reason" in results.json)
         md += ["", "**Undefined cells (—)**", "", *[f"- {line}" for line in undefined_notes]]
     return Section(key, title, "\n".join(md), results=results)
@@ -195,6 +273,8 @@ def _undefined_reasons(res: dict[str, Any], rds: list[RunData], trds: Mapping[st
                       else "AUROC undefined: the transfer split has one class only")
         elif n == "gap":
             out[n] = "no transfer AUROC to compare with"
+        elif n.startswith("gap_like_for_like"):
+            out[n] = "needs a transfer run's held-out AUROC and its own in-distribution test AUROC"
         elif n.startswith("ivr/"):
             out[n] = f"no verified {n[4:]} pairs whose both traces were evaluated"
         elif n.startswith("cert_"):
@@ -240,9 +320,9 @@ def seed_repeat(rds: list[RunData], n_resamples: int = 1000, seed: int = 0) -> d
 
 
 # ================================================================================================ Table 8
-def _ensemble_for(name: str, seeds: list[Predictions], calib: dict[str, list[Predictions]] | None) -> Predictions:
-    """Probability average of ``seeds``; threshold frozen on the averaged validation predictions when ``calib``
-    has every member, else the mean of the members' thresholds (stated in ``meta``)."""
+def _ensemble_for(name: str, seeds: list[Predictions], val: dict[str, list[Predictions]] | None) -> Predictions:
+    """Probability average of ``seeds``; threshold frozen on the averaged validation (selection) predictions
+    when ``val`` has every member, else the mean of the members' thresholds (stated in ``meta``)."""
     from sift.detectors.thresholds import fit_threshold
 
     members = sorted(seeds, key=lambda p: p.seed)
@@ -253,7 +333,7 @@ def _ensemble_for(name: str, seeds: list[Predictions], calib: dict[str, list[Pre
             idx = m.index()
             m = m.subset(np.array([idx[t] for t in order.tolist()]))
         aligned.append(m)
-    cal = [match_calibration(m, calib, name) for m in members]
+    cal = [match_calibration(m, val, name) for m in members]
     if all(c is not None for c in cal) and cal:
         cal_avg = average(cal, f"{name} (ensemble)", 0.5)  # type: ignore[arg-type]
         with warnings.catch_warnings():
@@ -269,13 +349,15 @@ def _ensemble_for(name: str, seeds: list[Predictions], calib: dict[str, list[Pre
 
 
 def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
-                   calib: dict[str, list[Predictions]] | None = None, build_missing: bool = True,
+                   val: dict[str, list[Predictions]] | None = None, build_missing: bool = True,
                    n_resamples: int = 1000, seed: int = 0, q: float = 0.05, key: str = "ensemble_comparison",
                    title: str = "Ensemble comparison (Table 8)") -> Section:
     """Paper Table 8: IVR, AS, MFS at full coverage of each detector's single-seed runs (mean over seeds) and of
     its seed ensemble, and the gain in MFS. Ensembles are the runs with ``seed=None`` (or detectors named
     ``"<name>_ensemble"``); with ``build_missing`` a detector with ≥ 2 seeds and no ensemble gets the
-    probability average of its seeds (:func:`_ensemble_for`). Per detector, a McNemar test compares the
+    probability average of its seeds (:func:`_ensemble_for`; ``val``: the validation predictions that freeze its
+    threshold). A run with a seed is always a single-seed run of its own name (e.g. the per-seed
+    ``instance_ensemble``). Per detector, a McNemar test compares the
     invariance (verdict kept) of the first seed and of the ensemble on the same preserving pairs, with
     Benjamini–Hochberg at FDR ``q`` across detectors.
     """
@@ -283,22 +365,26 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     singles: dict[str, list[Predictions]] = {}
     ens: dict[str, Predictions] = {}
     for name, lst in runs.items():
-        lst = _as_list(lst)
-        base = name[: -len("_ensemble")] if name.endswith("_ensemble") else name
-        for p in lst:
-            if p.seed is None or name.endswith("_ensemble"):
+        for p in _as_list(lst):
+            if p.seed is not None:  # a single-seed run, whatever the name (e.g. the per-seed instance_ensemble)
+                singles.setdefault(name, []).append(p)
+    for name, lst in runs.items():
+        for p in _as_list(lst):
+            if p.seed is None:  # a seed ensemble: of `<base>` when named `<base>_ensemble` and `<base>` has seeds
+                base = name[: -len("_ensemble")] if name.endswith("_ensemble") else name
+                base = base if base in singles else name
+                if base in ens:
+                    raise SiftError(f"ensemble_table: two seed ensembles of {base!r} (give them distinct names)")
                 ens[base] = p
-            else:
-                singles.setdefault(base, []).append(p)
     built = []
     if build_missing:
         for base, lst in singles.items():
             if base not in ens and len(lst) >= 2:
-                ens[base] = _ensemble_for(base, lst, calib)
+                ens[base] = _ensemble_for(base, lst, val)
                 built.append(base)
     names = [n for n in singles if n in ens] + [n for n in ens if n not in singles]
     axes = preserving_axes(pairs)
-    items = common_items([p for lst in singles.values() for p in lst] + list(ens.values()), pairs=pairs)
+    items = common_items([p for lst in singles.values() for p in lst] + list(ens.values()))
     results: dict[str, Any] = {"built_here": built, "detectors": {}, "n_resamples": n_resamples}
     rows, pvals, tests = [], [], []
     with warnings.catch_warnings():
@@ -310,14 +396,17 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             def vec(drawn, sgl=sgl, e=e):
                 ss = [r.stats(drawn) for r in sgl]
                 es = e.stats(drawn)
-                single = [_seed_mean([s[k] for s in ss]) for k in ("ivr", "as_", "mfs")]
-                ensv = [es["ivr"], es["as_"], es["mfs"]]
-                return np.array([*single, *ensv, ensv[2] - single[2]], float)
+                single = [_seed_mean([s[k] for s in ss]) for k in ("ivr", "as_", "mfs", "auroc")]
+                ensv = [es["ivr"], es["as_"], es["mfs"], es["auroc"]]
+                return np.array([*single, *ensv, ensv[2] - single[2], ensv[3] - single[3]], float)
 
             est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
-            keys = ["single_ivr", "single_as", "single_mfs", "ensemble_ivr", "ensemble_as", "ensemble_mfs", "gain"]
+            keys = ["single_ivr", "single_as", "single_mfs", "single_auroc", "ensemble_ivr", "ensemble_as",
+                    "ensemble_mfs", "ensemble_auroc", "gain", "auroc_gain"]
             res = {k: _ci_dict(a, b, c) for k, a, b, c in zip(keys, est, low, high)}
             res["n_seeds"] = len(sgl)
+            res["deterministic"] = deterministic_seeds(singles.get(name, []))
+            res["undertrained"] = undertrained(singles.get(name, []) + [ens[name]])
             res["threshold_from"] = ens[name].meta.get("threshold_from", "frozen ensemble threshold")
             test = None
             if sgl:
@@ -328,11 +417,13 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                 pvals.append(test["p_value"])
                 tests.append(name)
             g = lambda k: fmt_ci(*(v if v is not None else NAN for v in res[k].values()))
+            mark = f" {DETERMINISTIC_MARK}" if res["deterministic"] else ""
+            mark += f" {UNDERTRAINED_MARK} {res['undertrained']}" if res["undertrained"] else ""
             if sgl:
-                rows.append([f"{name} (single, {len(sgl)} seeds)", g("single_ivr"), g("single_as"), g("single_mfs"),
-                             "—", "—"])
-            rows.append([f"{name} (ensemble{', built here' if name in built else ''})", g("ensemble_ivr"),
-                         g("ensemble_as"), g("ensemble_mfs"), g("gain") if sgl else "—", name])
+                rows.append([f"{name} (single, {len(sgl)} seeds){mark}", g("single_auroc"), g("single_ivr"),
+                             g("single_as"), g("single_mfs"), "—", "—"])
+            rows.append([f"{name} (ensemble{', built here' if name in built else ''}){mark}", g("ensemble_auroc"),
+                         g("ensemble_ivr"), g("ensemble_as"), g("ensemble_mfs"), g("gain") if sgl else "—", name])
     if pvals:
         bh = benjamini_hochberg(pvals, q)
         for n, p_adj, rej in zip(tests, bh.p_adjusted, bh.reject):
@@ -344,10 +435,17 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             r[-1] = f"{fmt(t['p_value'] if t['p_value'] is not None else NAN)} (BH {fmt(nz(t.get('p_bh')))})"
         elif r[-1] != "—":
             r[-1] = "—"
-    md = ("Full coverage (no abstention), mean over seeds for single runs; 95 % cluster-bootstrap CIs. "
-          "Gain = MFS(ensemble) − MFS(single). p: McNemar on per-pair invariance, first seed vs ensemble "
+    md = ("Full coverage (no abstention), mean over seeds for single runs; 95 % cluster-bootstrap CIs. AUROC of "
+          "the seed ensemble = AUROC of the seeds' averaged probabilities. Gain = MFS(ensemble) − MFS(single). "
+          "p: McNemar on per-pair invariance, first seed vs ensemble "
           f"(BH-adjusted at q = {q}).\n\n"
-          + markdown_table(["Method", "IVR", "AS", "MFS", "Gain", "p (invariance)"], rows))
+          + markdown_table(["Method", "AUROC", "IVR", "AS", "MFS", "Gain (MFS)", "p (invariance)"], rows))
+    det = [n for n, r in results["detectors"].items() if r["deterministic"]]
+    if det:
+        md += ("\n\n" + DETERMINISTIC_MARK + " " + ", ".join(det) + ": " + DETERMINISTIC_NOTE
+               + " Their seed ensemble therefore equals the single run (gain 0 by construction).")
+    md += "\n".join(_undertrained_note({n: r["undertrained"] for n, r in results["detectors"].items()
+                                        if r["undertrained"]}))
     return Section(key, title, md, results=results)
 
 
@@ -413,7 +511,7 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
     check_same_split(runs)
     rows = group_runs(runs)
     axes = preserving_axes(pairs)
-    items = common_items([p for lst in rows.values() for p in lst], pairs=pairs)
+    items = common_items([p for lst in rows.values() for p in lst])
     data = _prepare(rows, pairs, axes, items, selective, calib)
     names = list(data)
     if reference is None:
@@ -422,7 +520,8 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
         raise SiftError(f"reference detector {reference!r} not among {names}")
     results: dict[str, Any] = {"alphas": list(alphas), "delta": selective.delta, "bound": selective.bound,
                                "coverages": list(coverages), "match_coverage": match_coverage,
-                               "reference": reference, "detectors": {}, "comparisons": {}}
+                               "reference": reference, "calibration": calibration_source(calib),
+                               "detectors": {}, "comparisons": {}}
     d_each = selective.delta / max(len(coverages), 1)
     sgr_rows, cov_rows, match_rows = [], [], []
     with warnings.catch_warnings():
@@ -512,7 +611,7 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
                  fmt(c["p_value"] if c["p_value"] is not None else NAN), fmt(nz(c.get("p_bh")))]
                 for n, c in results["comparisons"].items()]
     md = [f"SGR: δ = {selective.delta}, {selective.bound} bound, δ split over the candidate grid; calibrated "
-          f"{'on the validation split' if calib else 'in-sample'}; mean over seeds.", "",
+          f"{calibration_source(calib)}; mean over seeds.", "",
           "**SGR operating points**", "",
           markdown_table(["Detector", "α", "Coverage", "Selective risk", "Bound", "Feasible"], sgr_rows), "",
           f"**Selective risk by coverage** (top-κ most confident; bound = one-sided {selective.bound} at "
@@ -574,23 +673,49 @@ def _plot_risk_coverage(results: dict[str, Any], out_dir: Path, alpha: float) ->
 
 
 # ================================================================================================ Table 2
+#: the test set of a held-out run's own training distribution (its in-distribution test split)
+IN_DIST = "in-distribution"
+
+
 def transfer_matrix(preds: Mapping[tuple[str, str], Predictions | Sequence[Predictions]], *,
                     families: Mapping[str, str] | None = None, order: Sequence[str] | None = None,
                     out_dir: str | Path | None = None, n_resamples: int = 1000, seed: int = 0,
                     key: str = "transfer_matrix", title: str = "Transfer matrix (Table 2)",
                     setting: str = "train → test") -> Section:
     """Paper Table 2: AUROC of a detector trained on ``train_on`` (rows) and tested on ``test_on`` (columns),
-    ``preds[(train_on, test_on)]`` = its run(s) (mean over seeds; 95 % cluster-bootstrap CI per cell). The
-    diagonal is in-distribution; per row: mean off-diagonal transfer and gap = diagonal − mean transfer.
-    ``families`` (name → family) adds within-family vs cross-family mean transfer (Table 2 (b)). A heatmap
-    ``<key>.png`` is written to ``out_dir``.
+    ``preds[(train_on, test_on)]`` = its run(s) (mean over seeds; 95 % cluster-bootstrap CI per cell, each
+    cell resampling the base items of its own test split).
+
+    Two layouts. *Square*: the test names are among the train names (e.g. train on domain A, test on B); a
+    row's in-distribution cell is its diagonal. *Held-out*: rows such as ``"all but boolean"``, columns
+    ``"in-distribution"`` (:data:`IN_DIST`, the run's own in-distribution test split) and the held-out
+    names; a row's in-distribution cell is its ``"in-distribution"`` column. Per row: mean transfer = mean of
+    the row's other (held-out) cells, gap = in-distribution − mean transfer. ``families`` (name → family)
+    adds within-family vs cross-family mean transfer (Table 2 (b)). A heatmap ``<key>.png`` goes to ``out_dir``.
     """
     if not preds:
         raise SiftError("transfer_matrix: no predictions")
-    names = list(order) if order else sorted({a for a, _ in preds} | {b for _, b in preds})
-    n = len(names)
-    mat = np.full((n, n), NAN)
-    lo_m, hi_m = np.full((n, n), NAN), np.full((n, n), NAN)
+    train_names = {a for a, _ in preds}
+    test_names = {b for _, b in preds}
+    rows_n = list(order) if order else sorted(train_names)
+    square = test_names <= set(rows_n)
+    if square:
+        cols_n = rows_n
+    else:
+        if IN_DIST in train_names:
+            raise SiftError(f"transfer_matrix: {IN_DIST!r} is a test name, not a training set")
+        rest = test_names - {IN_DIST}
+        cols_n = ([IN_DIST] if IN_DIST in test_names else []) + [c for c in (order or []) if c in rest] + sorted(
+            rest - set(order or []))
+    n_r, n_c = len(rows_n), len(cols_n)
+    home = np.zeros((n_r, n_c), dtype=bool)  # each row's in-distribution cell
+    for i, a in enumerate(rows_n):
+        js = [j for j, b in enumerate(cols_n) if b == a or b == IN_DIST]
+        if len(js) > 1:
+            raise SiftError(f"transfer_matrix: row {a!r} has two in-distribution cells ({a!r} and {IN_DIST!r})")
+        home[i, js] = True
+    mat = np.full((n_r, n_c), NAN)
+    lo_m, hi_m = np.full((n_r, n_c), NAN), np.full((n_r, n_c), NAN)
     cells: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
@@ -607,73 +732,77 @@ def transfer_matrix(preds: Mapping[tuple[str, str], Predictions | Sequence[Predi
                 return np.array([_seed_mean(vals)])
 
             est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
-            i, j = names.index(tr), names.index(te)
+            if tr not in rows_n:
+                raise SiftError(f"transfer_matrix: training set {tr!r} is not in order={list(order or [])}")
+            i, j = rows_n.index(tr), cols_n.index(te)
             mat[i, j], lo_m[i, j], hi_m[i, j] = est[0], low[0], high[0]
             cells[f"{tr}->{te}"] = {**_ci_dict(est[0], low[0], high[0]), "n_seeds": len(runs),
-                                    "n_traces": [len(r) for r in runs]}
-    off = ~np.eye(n, dtype=bool)
+                                    "n_traces": [len(r) for r in runs], "n_items": len(items)}
     rows_md, per_row = [], {}
-    for i, a in enumerate(names):
-        tv = mat[i][off[i]]
+    for i, a in enumerate(rows_n):
+        ind = float(mat[i][home[i]][0]) if home[i].any() else NAN
+        tv = mat[i][~home[i]]
         tv = tv[~np.isnan(tv)]
         mt = float(tv.mean()) if tv.size else NAN
-        gap = mat[i, i] - mt if not (math.isnan(mat[i, i]) or math.isnan(mt)) else NAN
-        per_row[a] = {"in_dist": num(mat[i, i]), "mean_transfer": num(mt), "gap": num(gap)}
-        rows_md.append([a, *[fmt_ci(mat[i, j], lo_m[i, j], hi_m[i, j]) for j in range(n)], fmt(mt), fmt(gap)])
-    diag = np.diag(mat)
-    offv = mat[off]
+        gap = ind - mt if not (math.isnan(ind) or math.isnan(mt)) else NAN
+        per_row[a] = {"in_dist": num(ind), "mean_transfer": num(mt), "gap": num(gap)}
+        rows_md.append([a, *[fmt_ci(mat[i, j], lo_m[i, j], hi_m[i, j]) for j in range(n_c)], fmt(mt), fmt(gap)])
+    diag, offv = mat[home], mat[~home]
     summary = {"mean_in_dist": num(np.nanmean(diag)) if np.any(~np.isnan(diag)) else None,
                "mean_transfer": num(np.nanmean(offv)) if np.any(~np.isnan(offv)) else None}
     summary["gap"] = num(summary["mean_in_dist"] - summary["mean_transfer"]) if None not in summary.values() else None
-    results: dict[str, Any] = {"names": names, "auroc": [[num(x) for x in r] for r in mat], "cells": cells,
+    layout = "square" if square else "held-out"
+    results: dict[str, Any] = {"layout": layout, "train_on": rows_n, "test_on": cols_n,
+                               "auroc": [[num(x) for x in r] for r in mat], "cells": cells,
                                "rows": per_row, "summary": summary, "n_resamples": n_resamples}
-    md = [f"AUROC, rows = trained on, columns = tested on ({setting}); diagonal = in-distribution; 95 % "
-          f"cluster-bootstrap CI.", "",
-          markdown_table(["Train \\ Test", *names, "Mean transfer", "Gap"], rows_md), "",
+    where = ("diagonal = in-distribution" if layout == "square" else
+             f"'{IN_DIST}' = each run's own in-distribution test split, other columns = held out")
+    md = [f"AUROC, rows = trained on, columns = tested on ({setting}); {where}; 95 % cluster-bootstrap CI over "
+          f"the base items of each cell's test split. Mean transfer = mean of a row's held-out cells; gap = "
+          f"in-distribution − mean transfer.", "",
+          markdown_table(["Train \\ Test", *cols_n, "Mean transfer", "Gap"], rows_md), "",
           f"Mean in-distribution {fmt(nz(summary['mean_in_dist']))}, mean transfer "
           f"{fmt(nz(summary['mean_transfer']))}, gap {fmt(summary['gap'] if summary['gap'] is not None else NAN)}."]
     if families:
         fam_rows = []
-        within = [mat[i, j] for i in range(n) for j in range(n) if i != j and families.get(names[i]) is not None
-                  and families.get(names[i]) == families.get(names[j]) and not math.isnan(mat[i, j])]
-        cross = [mat[i, j] for i in range(n) for j in range(n) if i != j and families.get(names[i]) is not None
-                 and families.get(names[j]) is not None and families.get(names[i]) != families.get(names[j])
-                 and not math.isnan(mat[i, j])]
+        fam = lambda nm: families.get(nm)  # noqa: E731
+        offc = [(i, j) for i in range(n_r) for j in range(n_c) if not home[i, j] and not math.isnan(mat[i, j])]
+        within = [mat[i, j] for i, j in offc if fam(rows_n[i]) is not None and fam(rows_n[i]) == fam(cols_n[j])]
+        cross = [mat[i, j] for i, j in offc if fam(rows_n[i]) is not None and fam(cols_n[j]) is not None
+                 and fam(rows_n[i]) != fam(cols_n[j])]
         results["families"] = {"within_family": num(np.mean(within)) if within else None,
                                "cross_family": num(np.mean(cross)) if cross else None,
                                "n_within": len(within), "n_cross": len(cross)}
-        for fam in sorted(set(families.values())):
-            srcs = [i for i, a in enumerate(names) if families.get(a) == fam]
-            w = [mat[i, j] for i in srcs for j in range(n) if j != i and families.get(names[j]) == fam]
-            c = [mat[i, j] for i in srcs for j in range(n) if families.get(names[j]) not in (fam, None)]
-            w, c = [x for x in w if not math.isnan(x)], [x for x in c if not math.isnan(x)]
-            results["families"][fam] = {"within": num(np.mean(w)) if w else None, "cross": num(np.mean(c)) if c else None}
-            fam_rows.append([fam, fmt(float(np.mean(w)) if w else NAN), fmt(float(np.mean(c)) if c else NAN)])
+        for f in sorted(set(families.values())):
+            w = [mat[i, j] for i, j in offc if fam(rows_n[i]) == f and fam(cols_n[j]) == f]
+            c = [mat[i, j] for i, j in offc if fam(rows_n[i]) == f and fam(cols_n[j]) not in (f, None)]
+            results["families"][f] = {"within": num(np.mean(w)) if w else None, "cross": num(np.mean(c)) if c else None}
+            fam_rows.append([f, fmt(float(np.mean(w)) if w else NAN), fmt(float(np.mean(c)) if c else NAN)])
         md += ["", "**By source family** (mean off-diagonal AUROC)", "",
                markdown_table(["Family", "Within family", "Cross family"], fam_rows)]
     figures = []
     if out_dir is not None:
-        figures.append(_plot_matrix(mat, names, Path(out_dir), f"{key}.png", title))
+        figures.append(_plot_matrix(mat, rows_n, cols_n, Path(out_dir), f"{key}.png", title))
     return Section(key, title, "\n".join(md), figures=figures, results=results)
 
 
-def _plot_matrix(mat: np.ndarray, names: list[str], out_dir: Path, fname: str, title: str) -> str:
+def _plot_matrix(mat: np.ndarray, rows: list[str], cols: list[str], out_dir: Path, fname: str, title: str) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    n = len(names)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.8 * n, 0.8 + 0.7 * n))
+    n_r, n_c = mat.shape
+    fig, ax = plt.subplots(figsize=(1.6 + 0.8 * n_c, 0.8 + 0.7 * n_r))
     im = ax.imshow(np.ma.masked_invalid(mat), vmin=0.4, vmax=1.0, cmap="viridis")
-    for i in range(n):
-        for j in range(n):
+    for i in range(n_r):
+        for j in range(n_c):
             if not math.isnan(mat[i, j]):
                 ax.text(j, i, f"{mat[i, j]:.2f}", ha="center", va="center", fontsize=8,
                         color="white" if mat[i, j] < 0.75 else "black")
-    ax.set_xticks(range(n), names, rotation=45, ha="right", fontsize=8)
-    ax.set_yticks(range(n), names, fontsize=8)
+    ax.set_xticks(range(n_c), cols, rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(n_r), rows, fontsize=8)
     ax.set_xlabel("tested on")
     ax.set_ylabel("trained on")
     ax.set_title(title, fontsize=9)
@@ -706,7 +835,9 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
     axes = preserving_axes(pairs)
     rows = {v: _as_list(ablations[v]) for v in variants}
     trows = {v: _as_list(transfer[v]) for v in variants if transfer and v in transfer}
-    items = common_items([p for l in rows.values() for p in l] + [p for l in trows.values() for p in l], pairs=pairs)
+    splits = [[p for l in rows.values() for p in l], [p for l in trows.values() for p in l]]
+    items = common_items(*splits)
+    strata = split_strata(items, splits)
     data = _prepare(rows, pairs, axes, items, selective, calib)
     tdata = _prepare(trows, None, axes, items, None, None)
     keys = ["in_dist_auroc", "ivr", "as", "mfs", "coverage", "cert_mfs", "transfer_auroc", "gap"]
@@ -724,9 +855,10 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
                                         ("ivr", "as_", "mfs", "coverage", "cert_mfs")], ta,
                                  ind - ta if tr else NAN], float)
 
-            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
+            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed, strata=strata)
             results["variants"][v] = {k: _ci_dict(a, b, c) for k, a, b, c in zip(keys, est, low, high)}
             results["variants"][v]["n_seeds"] = len(rds)
+            results["variants"][v]["undertrained"] = undertrained([rd.pred for rd in rds])
     ref = results["variants"][reference]
     md_rows = []
     for v, res in results["variants"].items():
@@ -735,11 +867,14 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
             res[rk] = num((a - b) / b) if a is not None and b not in (None, 0) else None
         g = lambda k: fmt_ci(*(x if x is not None else NAN for x in res[k].values()))
         pct = lambda x: "—" if x is None else f"{100 * x:+.0f}%"
-        md_rows.append([v, res["n_seeds"], g("in_dist_auroc"), g("ivr"), pct(res["ivr_change"]), g("as"), g("mfs"),
+        lab = f"{v} {UNDERTRAINED_MARK} {res['undertrained']}" if res["undertrained"] else v
+        md_rows.append([lab, res["n_seeds"], g("in_dist_auroc"), g("ivr"), pct(res["ivr_change"]), g("as"), g("mfs"),
                         pct(res["mfs_change"]), g("coverage"), g("cert_mfs"),
                         *([g("transfer_auroc"), g("gap")] if trows else [])])
     header = ["Variant", "Seeds", "In-dist", "IVR", "ΔIVR", "AS", "MFS", "ΔMFS", "Coverage κ", "MFS cert",
               *(["Transfer", "Gap"] if trows else [])]
     md = (f"Mean over seeds, 95 % cluster-bootstrap CIs; Δ relative to **{reference}**; MFS at full coverage, "
-          f"MFS cert at SGR coverage (α = {selective.alpha}).\n\n" + markdown_table(header, md_rows))
+          f"MFS cert at SGR coverage (α = {selective.alpha}).\n\n" + markdown_table(header, md_rows)
+          + "\n".join(_undertrained_note({v: r["undertrained"] for v, r in results["variants"].items()
+                                          if r["undertrained"]})))
     return Section(key, title, md, results=results)

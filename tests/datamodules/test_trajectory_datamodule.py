@@ -273,3 +273,45 @@ def test_length_buckets_keep_the_traces_and_cut_padding():
     assert padded(bucketed) < 0.8 * padded(plain)
     assert [bucketed.indices(0, s) for s in range(10)] == steps  # deterministic
     assert [bucketed.indices(1, s) for s in range(10)] != steps  # reshuffled each epoch
+
+
+def test_calibration_split_is_held_out_of_validation_by_item(traj, dm):
+    cal = TrajectoryDataModule(traj / "traj", batch_size=4, seed=3, calib_fraction=0.5)
+    cal.setup()
+    tr, va, ca, te = (_items(cal.dataset(s)) for s in ("train", "val", "calib", "test"))
+    assert ca and va and not (ca & va or ca & tr or ca & te)
+    # train and test are the items of calib_fraction=0; validation = selection part + calibration part
+    assert tr == _items(dm.dataset("train")) and te == _items(dm.dataset("test"))
+    assert va | ca == _items(dm.dataset("val"))
+    assert len(ca) == round(0.5 * len(_items(dm.dataset("val"))))
+    assert [e.trace_id for e in cal.calib_dataloader().dataset.examples] == [e.trace_id for e in cal.dataset("calib").examples]
+    assert len(dm.dataset("calib")) == 0  # calib_fraction=0: no calibration split
+    with pytest.raises(SiftError, match="calib_fraction"):
+        TrajectoryDataModule(traj / "traj", calib_fraction=1.0)
+    # one validation item cannot be split: no calibration split, said in a warning
+    one = TrajectoryDataModule(traj / "traj", batch_size=4, seed=3, calib_fraction=0.5, split=(0.85, 0.05, 0.1))
+    with pytest.warns(UserWarning, match="no 'calib' split"):
+        one.setup()
+    assert len(one.dataset("calib")) == 0 and len(one.dataset("val")) > 0
+
+
+def test_resample_train_is_a_per_seed_bootstrap_of_train_items(traj):
+    def resampled(seed):
+        d = TrajectoryDataModule(traj / "traj", batch_size=4, seed=3)
+        d.setup()
+        items = _items(d.dataset("train"))
+        n_items = len(items)
+        test = [e.trace_id for e in d.dataset("test").examples]
+        d.resample_train(seed)
+        ex = d.dataset("train").examples
+        assert _items(d.dataset("train")) <= items and [e.trace_id for e in d.dataset("test").examples] == test
+        # as many item draws as items: every drawn item brings all its traces (items drawn twice appear twice)
+        per_item = {}
+        for e in ex:
+            per_item.setdefault(e.base_item, set()).add(e.trace_id)
+        assert all(len([e for e in ex if e.base_item == i]) % len(per_item[i]) == 0 for i in per_item)
+        draws = sum(len([e for e in ex if e.base_item == i]) // len(per_item[i]) for i in per_item)
+        assert draws == n_items
+        return [e.trace_id for e in ex]
+
+    assert resampled(1) == resampled(1) and resampled(1) != resampled(2)

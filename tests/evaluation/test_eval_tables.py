@@ -81,12 +81,14 @@ def test_main_table_transfer_gap_and_infeasible_sgr():
     assert est(r, "gap") == pytest.approx(a_in - a_tr)
     assert r["ivr"]["low"] is None  # no resamples: no CI
     # 15 traces cannot certify risk <= 0.25 at delta = 0.05 over 51 candidates
-    assert not r["sgr"][0]["feasible"] and est(r, "coverage") == 0.0 and est(r, "cert_mfs") is None
+    # an infeasible seed certifies nothing: coverage 0 and certified MFS 0 (counted), certified IVR/AS undefined
+    assert not r["sgr"][0]["feasible"] and est(r, "coverage") == 0.0 and est(r, "cert_mfs") == 0.0
+    assert est(r, "cert_ivr") is None and r["n_feasible"] == 0
     assert r["seed_repeat"]["n_seed_pairs"] == 0
     # every undefined cell says why, in results.json and under the table
-    assert r["cert_mfs"]["reason"].startswith("nothing certified (coverage 0): SGR infeasible")
+    assert r["cert_ivr"]["reason"].startswith("nothing certified (coverage 0): SGR infeasible")
     assert "reason" not in r["mfs"] and "reason" not in r["gap"]
-    assert "toy · cert_ivr, cert_as, cert_mfs: nothing certified" in s.markdown
+    assert "toy · cert_ivr, cert_as: nothing certified" in s.markdown and "| 0/1 |" in s.markdown
 
 
 def test_main_table_says_which_detector_lacks_a_transfer_run():
