@@ -248,6 +248,10 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         if hm is not None and families is not None and hm not in families:
             raise SiftError(f"run {spec.key}: data.holdout_model={hm!r} is not a source model "
                             f"({', '.join(sorted(families))})")
+    if cfg.wandb:
+        from sift.training import check_wandb
+
+        check_wandb(None, "wandb")
     for d in cfg.instance_ensemble:
         if d not in cfg.detectors:
             raise SiftError(f"instance_ensemble: member {d!r} is not among detectors {list(cfg.detectors)}")

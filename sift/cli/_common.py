@@ -42,6 +42,28 @@ def _prune_new_empty_dirs(root: Path, existed: set[Path]) -> None:
             pass
 
 
+def _only_hydra_files(root: Path) -> bool:
+    """``root`` holds nothing but what Hydra writes at startup (``.hydra/``, ``<task>.log``), the lock file and
+    empty folders."""
+    if not root.is_dir():
+        return False
+    for d, _, files in os.walk(root):
+        rel = Path(d).relative_to(root)
+        if rel.parts[:1] == (".hydra",):
+            continue
+        if any(not (rel == Path(".") and (f.endswith(".log") or f == ".sift.lock")) for f in files):
+            return False
+    return True
+
+
+def _remove_hydra_files(root: Path) -> None:
+    import shutil
+
+    shutil.rmtree(root / ".hydra", ignore_errors=True)
+    for f in root.glob("*.log"):
+        f.unlink(missing_ok=True)
+
+
 def _existing_dirs(root: Path) -> set[Path]:
     return {Path(d) for d, _, _ in os.walk(root)} if root.is_dir() else set()
 
@@ -56,6 +78,9 @@ def clean_failure(prog: str, out_dir: str | Path | None, lock: bool = True) -> I
     root = Path(out_dir) if out_dir is not None else None
     parents = [] if root is None else [p for p in (root, *root.parents) if not p.exists()]
     existed = _existing_dirs(root) if root is not None else set()
+    hydra_only = root is not None and _only_hydra_files(root)  # a folder Hydra just made for this command
+    if hydra_only:
+        existed = set()
     old = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     held: OutputLock | None = None
     code, msg = 0, ""
@@ -80,6 +105,8 @@ def clean_failure(prog: str, out_dir: str | Path | None, lock: bool = True) -> I
             signal.signal(signal.SIGTERM, old)
     if code:
         if root is not None:
+            if hydra_only and _only_hydra_files(root):
+                _remove_hydra_files(root)
             _prune_new_empty_dirs(root, existed)
             for p in parents[1:]:
                 try:

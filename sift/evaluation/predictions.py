@@ -61,11 +61,11 @@ class Predictions:
             raise SiftError(f"{who}: probabilities must lie in [0, 1], found {prob.min():.4g}..{prob.max():.4g}")
         bad = ~np.isin(label, (0, 1))
         if n and bad.any():
-            raise SiftError(f"{who}: labels must be 0 or 1 (verified φ*), found {label[bad][0]!r} "
+            raise SiftError(f"{who}: labels must be 0 or 1 (verified φ*), found {label[bad][0]:g} "
                             f"({int(bad.sum())} rows)")
         if n and len(np.unique(self.trace_id.astype(str))) != n:
             ids, counts = np.unique(self.trace_id.astype(str), return_counts=True)
-            raise SiftError(f"{who}: trace ids must be unique, {ids[counts > 1][0]!r} appears "
+            raise SiftError(f"{who}: trace ids must be unique, {str(ids[counts > 1][0])!r} appears "
                             f"{int(counts.max())} times")
         try:
             ok = math.isfinite(float(self.threshold))
