@@ -81,14 +81,23 @@ class ModelCheckpoint(_LightningModelCheckpoint):
 
     * ``last.ckpt`` is written after every validation epoch, not only when a new best is saved;
     * every checkpoint file is written atomically (temporary file + rename), so a kill never leaves half a file;
-    * the checkpoint carries the RNG states, restored on resume (dropout and shuffles continue as uninterrupted).
+    * the checkpoint carries the RNG states taken when it was written (at the end of an epoch), put back when
+      the next training epoch starts after a resume, so dropout and shuffles continue as if uninterrupted
+      (restoring them earlier would let the resumed run's extra setup, e.g. its sanity check, draw from them).
     """
+
+    _pending_rng: dict[str, Any] | None = None
 
     def _save_last_anyway(self, trainer: pl.Trainer, at_train_epoch_end: bool) -> None:
         """After Lightning's hook: write ``last.ckpt`` when Lightning skipped it (no new best this epoch)."""
         if (self.save_last and not self._should_skip_saving_checkpoint(trainer)
                 and self._should_save_on_train_epoch_end(trainer) == at_train_epoch_end):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._pending_rng is not None:
+            set_rng_state(self._pending_rng)
+            self._pending_rng = None
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -112,5 +121,4 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         state_dict = dict(state_dict)
         rng = state_dict.pop("rng", None)
         super().load_state_dict(state_dict)
-        if rng is not None:
-            set_rng_state(rng)
+        self._pending_rng = rng

@@ -76,7 +76,7 @@ def test_crafted_checkpoint_is_refused_as_sift_train_ckpt_path(evil, compose_tra
 
 
 @pytest.mark.parametrize("cmd", [
-    ["sift.cli.evaluate", "data=synthetic", "data.n_items=40", "logger=none", "detectors=[{ckpt}]"],
+    ["sift.cli.evaluate", "data=synthetic", "data.n_items=40", "detectors=[{ckpt}]"],
     ["sift.cli.train", "data=synthetic", "data.n_items=40", "logger=none", "detector=hidden_probe",
      "ckpt_path={ckpt}", "trainer.max_epochs=1"],
 ])

@@ -101,22 +101,20 @@ def test_unwritable_output_folder_is_one_line_before_any_work(tmp_path):
 # ------------------------------------------------------------------------------------ 6-8: plan validation
 @pytest.mark.parametrize("override, message", [
     ("detectors=[siftt,hidden_probe]", r"run main/siftt/seed0 \(detector=siftt\): .*siftt"),
-    ("'train_overrides=[data.holdout_domain=poetry]'", r"data.holdout_domain='poetry' is not a corpus domain"),
+    ('train_overrides=["data.holdout_domain=poetry"]', r"data.holdout_domain='poetry' is not a corpus domain"),
     ("max_epochs=-1", r"max_epochs: expected an integer >= 1, got -1"),
-    ("'train_overrides=[trainer.max_epochs=-1]'", r"trainer.max_epochs must be an integer >= 1, got -1"),
+    ('train_overrides=["trainer.max_epochs=-1"]', r"trainer.max_epochs must be an integer >= 1, got -1"),
     ("n_items=abc", r"n_items: expected an integer >= 1, got 'abc'"),
 ])
 def test_the_whole_plan_is_validated_before_any_work(tmp_path, override, message):
     from sift.faithshift import compose, run_faithshift
 
     out = tmp_path / "out"
-    override = override.strip("'")
     key = override.split("=", 1)[0]
     cfg = compose("faithshift", [f"output_dir={out}", *[o for o in TINY if not o.startswith(key + "=")], override])
-    t0 = time.time()
     with pytest.raises(SiftError, match=message):
         run_faithshift(cfg)
-    assert not out.exists() and time.time() - t0 < 60
+    assert not out.exists()  # refused before the first stage: not even the output folder was made
 
 
 def test_train_refuses_endless_epochs_before_creating_its_folder(compose_train, tmp_path):
@@ -203,7 +201,7 @@ def test_two_main_jobs_on_one_folder_exactly_one_proceeds(tmp_path):
 
 # ------------------------------------------------------------------------------------ 4: no orphan workers
 POOL_SCRIPT = """
-import os, sys, time
+import os, signal, sys, time
 from sift.cli._common import clean_failure
 from sift.workers import process_pool
 
@@ -211,6 +209,7 @@ def work(i):
     time.sleep(120)
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C, even when started in the background
     with clean_failure("pool", None):
         with process_pool(2) as pool:
             jobs = [pool.submit(work, i) for i in range(2)]
