@@ -51,7 +51,9 @@ from sift.corpus.conditions import AXES
 from sift.errors import SiftError
 from sift.atomic import atomic_open
 from sift.provenance import content_hash, file_sha256
+from sift.corpus.store import iter_jsonl
 from sift.trajectories import cache as C
+from sift.trajectories.extract import check_phi, check_record
 from sift.trajectories import features as F
 from sift.trajectories.descriptors import early_commitment
 from sift.trajectories.probe import AnswerProbe
@@ -182,7 +184,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
                  models: Sequence[str] | None = None, holdout_domain: str | None = None,
                  holdout_model: str | None = None, env_by: str = "condition", drop_channels: Sequence[str] = (),
                  probe_C: float = 1.0, probe_max_samples: int = 20_000, num_workers: int = 0,
-                 length_buckets: int = 8, calib_fraction: float = 0.0):
+                 length_buckets: int = 8, calib_fraction: float = 0.0, cache_dir: str | Path | None = None):
         super().__init__()
         if env_by not in ("condition", "condition_model"):
             raise SiftError(f"env_by must be 'condition' or 'condition_model', got {env_by!r}")
@@ -200,6 +202,8 @@ class TrajectoryDataModule(pl.LightningDataModule):
         self.env_by, self.drop_channels = env_by, list(drop_channels)
         self.probe_C, self.probe_max_samples, self.num_workers = probe_C, probe_max_samples, num_workers
         self.length_buckets = length_buckets
+        # derived caches (early-commitment curves) and their lock: never in the trajectory folder, which is input
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._ready = False
 
     # ------------------------------------------------------------------------------------------------------ setup
@@ -237,12 +241,17 @@ class TrajectoryDataModule(pl.LightningDataModule):
     def _read_traces(self, path: Path, models: set[str]) -> None:
         field_ = C.read_manifest(self.trajectory_dir).get("model_field", "family")
         self.traces: dict[str, _Trace] = {}
-        for r in C.iter_records(path):
+        for lineno, r in iter_jsonl(path):
+            where = f"{path}:{lineno}"
+            check_record(r, where)  # ids, φ* ∈ {0, 1, null}: a wrong label must not become a silent 0
             m = str(r.get(field_))
             if m not in models:
                 continue
-            self.traces[r["trace_id"]] = _Trace(r["trace_id"], r["base_item"], r["domain"], m, r["condition"],
-                                                r.get("phi"), r.get("answer"), F.text_features(r))
+            tid = str(r["trace_id"])
+            if tid in self.traces:
+                raise SiftError(f"{where}: duplicate trace_id {tid!r}")
+            self.traces[tid] = _Trace(tid, str(r["base_item"]), str(r["domain"]), m, str(r["condition"]),
+                                      check_phi(r["phi"], where), r.get("answer"), F.text_features(r))
         domains = {t.domain for t in self.traces.values()}
         if self.holdout_domain is not None and self.holdout_domain not in domains:
             raise SiftError(f"holdout_domain {self.holdout_domain!r} not in the corpus (domains: {sorted(domains)})")
@@ -291,17 +300,21 @@ class TrajectoryDataModule(pl.LightningDataModule):
     def _shard_paths(self, info: dict) -> list[tuple[str, Path]]:
         return [(m, self.trajectory_dir / s) for m in sorted(info) for s in info[m]["shards"]]
 
-    def _probe_cache(self, info: dict) -> Path:
-        """Where the early-commitment curves of this split live: keyed by the shards, the train items and the
-        probe settings, so runs that share trajectories and splits fit the answer probe once."""
+    def _probe_cache(self, info: dict) -> Path | None:
+        """Where the early-commitment curves of this split live (``cache_dir``; None: not cached): keyed by the
+        shards, the train items and the probe settings, so runs that share a cache fit the answer probe once."""
+        if self.cache_dir is None:
+            return None
         key = content_hash(sorted(self.split_items["train"]), {m: info[m]["key"] for m in sorted(info)},
                            self.probe_C, self.probe_max_samples, self.seed, "answer-probe/1")
-        return self.trajectory_dir / "derived" / f"early_commitment-{key}.pt"
+        return self.cache_dir / f"early_commitment-{key}.pt"
 
     def _load_descriptors(self, info: dict) -> None:
         """Pass 1 over the shards: descriptors, pooled states, scalars; a probe sample of train states.
         Pass 2 (skipped when cached): the answer probe's curves e_t and early commitment."""
         cache_path = self._probe_cache(info)
+        if cache_path is None:
+            return self._read_descriptors(info, None)
         if cache_path.is_file():
             return self._read_descriptors(info, cache_path)
         # parallel runs on the same split (sift-faithshift workers): the first fits the probe, the others wait
@@ -310,9 +323,13 @@ class TrajectoryDataModule(pl.LightningDataModule):
         with FileLock(str(cache_path) + ".lock"):
             self._read_descriptors(info, cache_path)
 
-    def _read_descriptors(self, info: dict, cache_path: Path) -> None:
+    def _read_descriptors(self, info: dict, cache_path: Path | None) -> None:
         probe_item = self.split_items["train"]
-        cached = torch.load(cache_path, weights_only=True) if cache_path.is_file() else None
+        cached = None
+        if cache_path is not None and cache_path.is_file():
+            from sift.checkpoints import load_checkpoint
+
+            cached = load_checkpoint(cache_path, what="early-commitment cache")
         n_train = {m: 0 for m in info}
         for t in self.traces.values():
             if t.base_item in probe_item and t.answer is not None:
@@ -352,7 +369,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
             d["e"] = cached[tid]
             d["ec"] = early_commitment(d["e"], d["n_tokens"])
 
-    def _fit_probes_and_curves(self, info: dict, samples: dict, cache_path: Path) -> dict[str, torch.Tensor]:
+    def _fit_probes_and_curves(self, info: dict, samples: dict, cache_path: Path | None) -> dict[str, torch.Tensor]:
         """Fit one answer probe per model on the train sample; e_t for every trace; cache them atomically."""
         self.probes: dict[str, AnswerProbe] = {}
         for m, (xs, ys) in samples.items():
@@ -368,8 +385,9 @@ class TrajectoryDataModule(pl.LightningDataModule):
             for i, tid in enumerate(meta["trace_ids"]):
                 e = rows[i] if rows is not None else np.zeros(off[i + 1] - off[i], dtype=np.float32)
                 curves[tid] = torch.from_numpy(np.asarray(e, dtype=np.float32))
-        with atomic_open(cache_path, "wb") as fh:
-            torch.save(curves, fh)
+        if cache_path is not None:
+            with atomic_open(cache_path, "wb") as fh:
+                torch.save(curves, fh)
         return curves
 
     def _build(self, info: dict) -> None:

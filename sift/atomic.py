@@ -10,9 +10,16 @@ from pathlib import Path
 from typing import Any, Iterator, IO
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
-    """Write to a temporary file in the same folder, then rename it over ``path``."""
+    """Write to a temporary file in the same folder, then rename it over ``path`` (mode 0666 less the umask,
+    as ``open`` would give, not mkstemp's 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -20,6 +27,7 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
         with os.fdopen(fd, mode) as fh:
             yield fh
             fh.flush()
+            os.fchmod(fh.fileno(), 0o666 & ~_umask())
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:

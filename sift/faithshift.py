@@ -119,7 +119,8 @@ def train_config(cfg: DictConfig, out: Path, spec: RunSpec) -> DictConfig:
     return compose("train", [*spec.overrides, f"seed={spec.seed}", "data=trajectory",
                              f"data.trajectory_dir={out / 'trajectories'}", f"data.corpus_dir={out / 'corpus'}",
                              f"data.seed={cfg.seed}", f"trainer.max_epochs={max_epochs(cfg, spec.detector)}",
-                             f"paths.output_dir={run_dir}", "trainer.enable_progress_bar=false",
+                             f"paths.output_dir={run_dir}", f"data.cache_dir={out / 'cache'}",
+                             "trainer.enable_progress_bar=false",
                              *([] if cfg.wandb else ["logger=csv"]), *cfg.train_overrides])
 
 
@@ -143,8 +144,9 @@ def train_all(cfg: DictConfig, out: Path,
               specs: list[RunSpec]) -> tuple[dict[str, dict], dict[str, dict[str, Path]]]:
     """Train every run and write its predictions, ``cfg.workers`` processes at a time (SIFT runs first, the long
     ones); finished runs are skipped by run hash and up-to-date predictions reused."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
+
+    from sift.workers import process_pool
 
     order = sorted(specs, key=lambda s: (s.detector != "sift", s.key))
     records: dict[str, dict] = {}
@@ -162,7 +164,7 @@ def train_all(cfg: DictConfig, out: Path,
             done(i, spec, train_run(cfg, out, spec))
         return records, preds
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    with ProcessPoolExecutor(int(cfg.workers), mp_context=mp.get_context("spawn")) as pool:
+    with process_pool(int(cfg.workers)) as pool:  # a failure, Ctrl-C or SIGTERM stops every worker at once
         jobs = {pool.submit(_train_in_worker, cfg_yaml, str(out), spec): spec for spec in order}
         for i, job in enumerate(as_completed(jobs), 1):
             done(i, jobs[job], job.result())
@@ -206,16 +208,89 @@ def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict
     return done
 
 
+def _positive_int(cfg: DictConfig, key: str, minimum: int = 1) -> int:
+    v = OmegaConf.select(cfg, key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise SiftError(f"{key}: expected an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
+    """Check the whole run plan before any work: the job's numbers, every stage's config (composed with its
+    overrides), every training run's config (detector names, holdout domains and models, epochs), and that
+    ``out`` is writable. Returns the planned runs; raises SiftError naming the first problem."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from sift.lock import ensure_writable
+    from sift.training import validate_train_config
+
+    for key in ("n_items", "max_epochs", "workers", "torch_threads", "bootstrap_resamples", "seed"):
+        _positive_int(cfg, key, minimum=0 if key == "seed" else 1)
+    for key in ("seeds", "ablation_seeds", "factorial_seeds", "transfer.seeds"):
+        for s in OmegaConf.select(cfg, key) or []:
+            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+                raise SiftError(f"{key}: seeds must be non-negative integers, got {s!r}")
+    if not cfg.detectors:
+        raise SiftError("detectors: the main job needs at least one detector")
+
+    def comp(name: str, overrides: list[str], what: str) -> DictConfig:
+        try:
+            return compose(name, overrides)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise SiftError(f"{what}: {str(e).splitlines()[0]}") from None
+
+    corpus = comp("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}",
+                             *cfg.corpus_overrides], "corpus_overrides")
+    comp("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}",
+                     *cfg.extract_overrides], "extract_overrides")
+    domains = set(corpus.get("domains") or [])
+    families = set(corpus.source.get("families") or []) if corpus.source.get("type") == "organism" else None
+    specs = plan_runs(cfg)
+    for spec in specs:
+        try:
+            tc = train_config(cfg, out, spec)
+        except (HydraException, OmegaConfBaseException) as e:
+            bad = [o for o in spec.overrides if o.startswith("detector=") or o.startswith("ablation=")]
+            raise SiftError(f"run {spec.key} ({', '.join(bad) or 'train_overrides'}): "
+                            f"{str(e).splitlines()[0]}") from None
+        validate_train_config(tc, what=f"run {spec.key}")
+        hd, hm = tc.data.get("holdout_domain"), tc.data.get("holdout_model")
+        if hd is not None and domains and hd not in domains:
+            raise SiftError(f"run {spec.key}: data.holdout_domain={hd!r} is not a corpus domain "
+                            f"({', '.join(sorted(domains))})")
+        if hm is not None and families is not None and hm not in families:
+            raise SiftError(f"run {spec.key}: data.holdout_model={hm!r} is not a source model "
+                            f"({', '.join(sorted(families))})")
+    if cfg.wandb:
+        from sift.training import check_wandb
+
+        check_wandb(None, "wandb")
+    for d in cfg.instance_ensemble:
+        if d not in cfg.detectors:
+            raise SiftError(f"instance_ensemble: member {d!r} is not among detectors {list(cfg.detectors)}")
+    ensure_writable(out)
+    return specs
+
+
 def run_faithshift(cfg: DictConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run (or resume) every stage; returns {"report": path, "results": path, "runs": n}."""
+    """Run (or resume) every stage; returns {"report": path, "results": path, "runs": n}.
+
+    The plan is validated first; ``output_dir`` is locked for the whole job (a second job on it refuses)."""
+    from sift.lock import OutputLock
+
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    specs = validate_plan(cfg, out)
+    with OutputLock(out, "sift-faithshift"):
+        return _run_stages(cfg, out, specs)
+
+
+def _run_stages(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> dict[str, Any]:
     write_text(out / "faithshift_config.yaml", OmegaConf.to_yaml(cfg))
     with Stage("corpus"):
         build_corpus(cfg, out)
     with Stage("trajectories"):
         extract(cfg, out)
-    specs = plan_runs(cfg)
     with Stage(f"training {len(specs)} runs + predictions ({cfg.workers} at a time)"):
         _, preds = train_all(cfg, out, specs)
     write_json(out / "runs" / "index.json",

@@ -27,14 +27,14 @@ from sift.errors import SiftError
 from sift.provenance import config_hash
 
 #: top-level keys that do not change what is trained (excluded from ``config_hash``).
-NON_HPARAM_KEYS = ("seed", "paths", "logger", "resume", "skip_if_done", "ckpt_path", "tags", "provenance",
-                   "test", "task_name", "hydra")
+NON_HPARAM_KEYS = ("seed", "paths", "logger", "resume", "skip_if_done", "ckpt_path", "allow_remote_ckpt", "tags",
+                   "provenance", "test", "task_name", "hydra")
 RESULTS_FILE = "results.json"
 
 
 # ------------------------------------------------------------------------------------------- provenance
 #: keys anywhere in the config that only say where things are written.
-PATH_KEYS = ("dirpath", "save_dir", "default_root_dir", "output_dir", "ckpt_dir")
+PATH_KEYS = ("dirpath", "save_dir", "default_root_dir", "output_dir", "ckpt_dir", "cache_dir")
 
 
 def _strip(c: Any) -> Any:
@@ -138,6 +138,34 @@ def wandb_mode(offline: bool | None) -> str:
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
+def _wandb_key_available() -> bool:
+    """An API key in WANDB_API_KEY or in ~/.netrc (what ``wandb login`` writes)."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+
+    try:
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+        return netrc.netrc(os.environ.get("NETRC") or None).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def quiet_wandb_offline(mode: str) -> None:
+    """In offline mode W&B makes no network call: error reporting (Sentry) off, which would resolve its host."""
+    if mode in ("offline", "disabled"):
+        os.environ["WANDB_ERROR_REPORTING"] = "false"
+
+
+def check_wandb(offline: bool | None, what: str = "logger.wandb") -> str:
+    """The W&B mode, or one SiftError line when it would go online without an API key."""
+    mode = wandb_mode(offline)
+    if mode == "online" and not _wandb_key_available():
+        raise SiftError(f"{what}: W&B is set online but no API key is configured (set WANDB_API_KEY or run "
+                        f"`wandb login`), or log offline ({what}.offline=true) or not at all (logger=none)")
+    return mode
+
+
 def build_loggers(cfg: DictConfig) -> list[Any]:
     """Instantiate ``cfg.logger`` entries; a WandbLogger's ``offline: null`` is resolved by :func:`wandb_mode`."""
     out: list[Any] = []
@@ -150,7 +178,8 @@ def build_loggers(cfg: DictConfig) -> list[Any]:
         if lc._target_.endswith("WandbLogger"):
             lc = copy.deepcopy(lc)
             with _open(lc):
-                mode = wandb_mode(lc.pop("offline", None))
+                mode = check_wandb(lc.pop("offline", None), f"logger.{name}")
+                quiet_wandb_offline(mode)
                 lc.offline = False  # Lightning's offline flag rewrites os.environ; pass mode= instead
                 lc.mode = mode
                 Path(lc.save_dir).mkdir(parents=True, exist_ok=True)
@@ -230,10 +259,37 @@ def _data_name(cfg: DictConfig) -> str:
     return str(cfg.data.get("name") or cfg.data.get("_target_", "data").rsplit(".", 1)[-1])
 
 
+def validate_train_config(cfg: DictConfig, what: str = "sift-train") -> None:
+    """Checks that must pass before a run starts: epochs, the checkpoint to resume from, W&B credentials."""
+    me = cfg.trainer.get("max_epochs")
+    if isinstance(me, bool) or not isinstance(me, int) or me < 1:
+        raise SiftError(f"{what}: trainer.max_epochs must be an integer >= 1, got {me!r} "
+                        f"(-1, Lightning's 'no limit', is not accepted)")
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise SiftError(f"{what}: seed must be a non-negative integer, got {cfg.seed!r}")
+    ckpt = cfg.get("ckpt_path")
+    if ckpt is not None:
+        from sift.checkpoints import check_local
+
+        check_local(ckpt, f"{what}: ckpt_path", allow_remote=bool(cfg.get("allow_remote_ckpt", False)))
+    for name, lc in (cfg.get("logger") or {}).items():
+        if isinstance(lc, DictConfig) and str(lc.get("_target_", "")).endswith("WandbLogger"):
+            check_wandb(lc.get("offline"), f"{what}: logger.{name}")
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Train what ``cfg`` describes; returns the results record (also written to ``results.json``)."""
+    """Train what ``cfg`` describes; returns the results record (also written to ``results.json``).
+
+    The config is validated and ``paths.output_dir`` locked (a second process on it refuses) first."""
+    from sift.lock import OutputLock
+
+    validate_train_config(cfg)
     out_dir = Path(cfg.paths.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with OutputLock(out_dir, "sift-train"):
+        return _train_locked(cfg, out_dir)
+
+
+def _train_locked(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
     prev = load_results(out_dir)
     if cfg.get("skip_if_done", False) and prev and prev.get("status") == "done" and prev.get(
             "run_hash") == run_hash(cfg):
@@ -330,6 +386,7 @@ def _wandb_info(loggers: list[Any]) -> dict[str, Any] | None:
 
 
 def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, Any], Any, Any]:
+    from sift.checkpoints import is_remote, load_checkpoint
     from sift.detectors.module import DataSpec, n_parameters
 
     t0 = time.time()
@@ -355,12 +412,14 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
     if ckpt_path is None and cfg.get("resume", True) and (ckpt_dir / "last.ckpt").is_file():
         ckpt_path = str(ckpt_dir / "last.ckpt")
         print(f"sift-train: resuming from {ckpt_path}")
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    if ckpt_path is not None and not is_remote(ckpt_path):
+        load_checkpoint(ckpt_path, what="checkpoint to resume from")  # data only: refuse before Lightning reads it
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if not best and trainer.checkpoint_callback is not None and (ckpt_dir / "last.ckpt").is_file():
         best = str(ckpt_dir / "last.ckpt")
     metrics: dict[str, float] = {}
-    vres = trainer.validate(model, datamodule=dm, ckpt_path=best or None, verbose=False)
+    vres = trainer.validate(model, datamodule=dm, ckpt_path=best or None, verbose=False, weights_only=True)
     metrics.update(vres[0] if vres else {})
     if cfg.get("test", True):
         tres = trainer.test(model, datamodule=dm, verbose=False)

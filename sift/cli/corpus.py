@@ -12,6 +12,9 @@ def run(cfg: DictConfig) -> dict:
     """Build the corpus described by ``cfg`` into ``cfg.output_dir``; returns the manifest."""
     from sift.errors import SiftError
 
+    n = cfg.get("n_items")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise SiftError(f"n_items: expected a positive integer, got {n!r}")
     src = cfg.source
     if src.type == "organism":
         from sift.corpus.build import CorpusConfig, build_corpus

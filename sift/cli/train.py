@@ -12,7 +12,7 @@ from sift.cli._common import CONFIG_DIR, clean_failure
 def main(cfg: DictConfig) -> float | None:
     from sift.training import train
 
-    with clean_failure("sift-train", None):
+    with clean_failure("sift-train", cfg.paths.output_dir):
         rec = train(cfg)
         m = rec.get("metrics", {})
         shown = " ".join(f"{k}={m[k]:.3f}" for k in ("val/auroc", "test/auroc", "transfer/auroc")

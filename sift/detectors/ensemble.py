@@ -71,7 +71,11 @@ class EnsembleDetector(DetectorModule):
 
     @classmethod
     def load(cls, path: str | Path) -> "EnsembleDetector":
-        info = torch.load(str(path), map_location="cpu", weights_only=False)["sift_ensemble"]
+        from sift.checkpoints import load_checkpoint
+
+        info = load_checkpoint(path, what="ensemble file").get("sift_ensemble")
+        if not isinstance(info, dict) or not isinstance(info.get("members"), list):
+            raise SiftError(f"{path}: not a sift ensemble file (no 'sift_ensemble' entry)")
         ens = cls.from_checkpoints(info["members"], name=info["name"], threshold_method=info["threshold_method"])
         ens.threshold.fill_(info["threshold"])
         return ens

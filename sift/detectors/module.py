@@ -428,11 +428,24 @@ def _train_loader(trainer: pl.Trainer) -> Any:
 
 
 def load_detector(path: str, map_location: str | torch.device = "cpu", **kwargs: Any) -> DetectorModule:
-    """Load any detector checkpoint written by sift (its class is recorded in the checkpoint)."""
-    ckpt = torch.load(path, map_location=map_location, weights_only=False)
+    """Load any detector checkpoint written by sift (its class is recorded in the checkpoint).
+
+    The file is read as data (``weights_only=True``); only :class:`DetectorModule` subclasses are built."""
+    from sift.checkpoints import load_checkpoint
+
+    ckpt = load_checkpoint(path, map_location=map_location, what="detector checkpoint")
     info = ckpt.get("sift_detector")
-    if info is None:
+    if not isinstance(info, dict) or not isinstance(info.get("class"), str):
         raise SiftError(f"{path}: not a sift detector checkpoint (no 'sift_detector' entry)")
     mod, _, name = info["class"].rpartition(".")
-    cls = getattr(importlib.import_module(mod), name)
-    return cls.load_from_checkpoint(path, map_location=map_location, **kwargs)
+    try:
+        cls = getattr(importlib.import_module(mod), name) if mod.split(".")[0] in ("sift", "datamodules") else None
+    except (ImportError, AttributeError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, DetectorModule)):
+        raise SiftError(f"{path}: sift_detector.class {info['class']!r} is not a sift detector class")
+    try:
+        return cls.load_from_checkpoint(path, map_location=map_location, weights_only=True, **kwargs)
+    except (KeyError, RuntimeError, TypeError, ValueError) as e:
+        raise SiftError(f"{path}: detector checkpoint does not fit {name} ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0][:160] if str(e) else ''})") from None

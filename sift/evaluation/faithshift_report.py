@@ -21,6 +21,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sift.detectors.thresholds import fit_threshold
+from sift.atomic import write_text
 from sift.evaluation.analysis import CALIB_SPLIT
 from sift.evaluation.tables import IN_DIST
 from sift.errors import SiftError
@@ -157,14 +158,16 @@ def log_wandb(cfg: DictConfig, report_dir: Path, results_path: Path) -> str | No
     """Log every finite number of results.json to one W&B run (offline unless a key is configured)."""
     import json
 
-    from sift.training import wandb_mode
+    from sift.training import check_wandb, quiet_wandb_offline
 
+    mode = check_wandb(None, "wandb")
+    quiet_wandb_offline(mode)
     try:
         import wandb
     except ImportError:  # pragma: no cover
         return None
     numbers = _flatten(json.loads(results_path.read_text()))
-    run = wandb.init(project="sift", job_type="faithshift", dir=str(report_dir), mode=wandb_mode(None),
+    run = wandb.init(project="sift", job_type="faithshift", dir=str(report_dir), mode=mode,
                      name=f"faithshift-{cfg.preset_name}", config=OmegaConf.to_container(cfg, resolve=True),
                      reinit=True)
     run.summary.update(numbers)
@@ -172,35 +175,68 @@ def log_wandb(cfg: DictConfig, report_dir: Path, results_path: Path) -> str | No
     return str(run.dir) if hasattr(run, "dir") else None
 
 
-def _appendix_one(name: str, inputs: dict, common: dict, options: dict) -> Section:
+def _section_cache(cache_dir: Path | None, name: str, key: str) -> Path | None:
+    return None if cache_dir is None else cache_dir / f"{name}-{key}.json"
+
+
+def _read_section(path: Path | None) -> Section | None:
+    """A finished section saved by :func:`_appendix_one` (JSON: what results.json would hold anyway)."""
+    import json
+
+    if path is None or not path.is_file():
+        return None
+    try:
+        d = json.loads(path.read_text())
+        return Section(d["key"], d["title"], d["markdown"], list(d["figures"]), d["results"])
+    except (ValueError, KeyError, TypeError):
+        return None  # unreadable: recompute
+
+
+def _appendix_one(name: str, inputs: dict, common: dict, options: dict, cache: Path | None = None) -> Section:
+    import json
+
     from sift.evaluation.appendix import run_appendix
 
+    done = _read_section(cache)
+    if done is not None:
+        return done
     try:
-        return run_appendix(inputs, names=[name], common=common, options=options)[0]
+        sec = run_appendix(inputs, names=[name], common=common, options=options)[0]
     except SiftError as e:  # undefined for these runs: say why in the report instead of failing the job
-        return Section(f"appendix_{name}", f"{name} (not computed)", f"_Not computed for this run: {e}_",
-                       results={"not_computed": str(e)})
+        sec = Section(f"appendix_{name}", f"{name} (not computed)", f"_Not computed for this run: {e}_",
+                      results={"not_computed": str(e)})
+    if cache is None:
+        return sec
+    # round trip through the JSON results.json is written with, so a reused section writes identical bytes
+    d = json.loads(json.dumps({"key": sec.key, "title": sec.title, "markdown": sec.markdown,
+                               "figures": list(sec.figures), "results": sec.results}, default=str))
+    write_text(cache, json.dumps(d, default=str))
+    return Section(d["key"], d["title"], d["markdown"], d["figures"], d["results"])
 
 
-def appendix_sections(cfg: DictConfig, inputs: dict) -> list[Section]:
+def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = None,
+                      key: str = "") -> list[Section]:
     """Every appendix analysis, ``cfg.workers`` processes at a time, in the order of APPENDIX_ANALYSES.
 
     Their CIs use ``cfg.appendix_resamples`` base-item resamples (each analysis loops over detectors, seeds,
-    axes and features in every replicate, so it costs far more per resample than the main tables)."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-
+    axes and features in every replicate, so it costs far more per resample than the main tables). With
+    ``cache_dir``, each finished section is saved under its input ``key`` and reused by a rerun (a report
+    interrupted half-way resumes)."""
     from sift.evaluation.appendix import APPENDIX_ANALYSES
+    from sift.workers import process_pool
 
     common = {"n_resamples": int(cfg.get("appendix_resamples", cfg.bootstrap_resamples)), "seed": int(cfg.seed)}
     sgr = {"alpha": float(cfg.sgr.alpha), "delta": float(cfg.sgr.delta)}  # the report's one SGR operating point
     options = {"label_noise": sgr, "abstention": sgr}
     names = [a.name for a in APPENDIX_ANALYSES]
+    caches = {n: _section_cache(cache_dir, n, key) for n in names}
     if int(cfg.workers) <= 1:
-        return [_appendix_one(n, inputs, common, options) for n in names]
-    with ProcessPoolExecutor(int(cfg.workers), mp_context=mp.get_context("spawn")) as pool:
-        jobs = [pool.submit(_appendix_one, n, inputs, common, options) for n in names]
-        return [j.result() for j in jobs]
+        return [_appendix_one(n, inputs, common, options, caches[n]) for n in names]
+    ready = {n: sec for n in names if (sec := _read_section(caches[n])) is not None}
+    with process_pool(int(cfg.workers)) as pool:
+        jobs = {n: pool.submit(_appendix_one, n, inputs, common, options, caches[n]) for n in names if n not in ready}
+        ready.update({n: j.result() for n, j in jobs.items()})
+    return [ready[n] for n in names]
 
 
 def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict[str, dict[str, Path]]) -> dict:
@@ -222,14 +258,39 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
             main.setdefault(p.detector, []).append(p)
     common = {"n_resamples": int(cfg.bootstrap_resamples), "seed": int(cfg.seed)}
     inputs = {"runs": main, "pairs": pairs, "traces": TraceTable.from_corpus(corpus), "out_dir": report_dir}
-    extra = appendix_sections(cfg, inputs)
+    key = report_key(cfg, out, specs, files)
+    stamp = report_dir / "report_key.txt"
+    results = report_dir / "results.json"
+    if stamp.is_file() and stamp.read_text() == key and results.is_file() and (report_dir / "report.md").is_file():
+        print("[faithshift] report is up to date (same predictions and settings); reusing it", flush=True)
+        return {"report": report_dir / "report.md", "results": results}
+    extra = appendix_sections(cfg, inputs, report_dir / ".sections", key)
     extra += companion(cfg, report_dir)
-    meta = {"config_hash": config_hash(OmegaConf.to_container(cfg, resolve=True)), "preset": cfg.preset_name,
+    meta = {"config_hash": config_hash(_settings(cfg)), "preset": cfg.preset_name,
             "seeds": list(cfg.seeds), "runs": [s.key for s in specs], "training": runs_training(out, specs)}
     selective = SelectiveConfig(alpha=float(cfg.sgr.alpha), delta=float(cfg.sgr.delta), bound=str(cfg.sgr.bound))
     report_from_predictions(preds, pairs, report_dir, extra_sections=[corpus_section(corpus), *extra],
                             selective=selective, reference="sift", title="sift-faithshift report", meta=meta, **common)
-    results = report_dir / "results.json"
     if cfg.wandb:
         log_wandb(cfg, report_dir, results)
+    write_text(stamp, key)
     return {"report": report_dir / "report.md", "results": results}
+
+
+def report_key(cfg: DictConfig, out: Path, specs: list, files: dict[str, dict[str, Path]]) -> str:
+    """Content hash of everything the report reads: the corpus files, every prediction file, the settings."""
+    from sift import __version__
+    from sift.provenance import content_hash, file_sha256
+
+    corpus = [file_sha256(out / "corpus" / f, limit=None) for f in ("traces.jsonl", "pairs.jsonl", "manifest.json")]
+    preds = {s.key: {sp: file_sha256(p, limit=None) for sp, p in sorted(files.get(s.key, {}).items())}
+             for s in specs}
+    return content_hash(corpus, preds, _settings(cfg), __version__, "faithshift-report/1")
+
+
+def _settings(cfg: DictConfig) -> dict:
+    """The job's config without where it writes and how many processes it uses (neither changes a number)."""
+    settings = OmegaConf.to_container(cfg, resolve=True)
+    for k in ("output_dir", "workers"):
+        settings.pop(k, None)
+    return settings

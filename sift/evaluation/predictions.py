@@ -7,6 +7,7 @@ by ``trace_id``. Tables are stored as ``.npz`` (atomic) so analyses rerun withou
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -48,10 +49,32 @@ class Predictions:
         bad = [f"{k} has {len(getattr(self, k))}" for k in _ARRAYS if len(getattr(self, k)) != n]
         if bad:
             raise SiftError(f"Predictions({self.detector}, seed {self.seed}): {n} trace ids but " + "; ".join(bad))
-        if n and not np.all(np.isfinite(self.prob)):
-            raise SiftError(f"Predictions({self.detector}, seed {self.seed}): non-finite probabilities")
-        self.label = self.label.astype(int)
-        self.prob = self.prob.astype(float)
+        who = f"Predictions({self.detector}, seed {self.seed}, {self.split})"
+        try:
+            prob = self.prob.astype(float)
+            label = self.label.astype(float)
+        except (TypeError, ValueError) as e:
+            raise SiftError(f"{who}: labels and probabilities must be numbers ({e})") from None
+        if n and not np.all(np.isfinite(prob)):
+            raise SiftError(f"{who}: non-finite probabilities")
+        if n and (prob.min() < 0 or prob.max() > 1):
+            raise SiftError(f"{who}: probabilities must lie in [0, 1], found {prob.min():.4g}..{prob.max():.4g}")
+        bad = ~np.isin(label, (0, 1))
+        if n and bad.any():
+            raise SiftError(f"{who}: labels must be 0 or 1 (verified φ*), found {label[bad][0]:g} "
+                            f"({int(bad.sum())} rows)")
+        if n and len(np.unique(self.trace_id.astype(str))) != n:
+            ids, counts = np.unique(self.trace_id.astype(str), return_counts=True)
+            raise SiftError(f"{who}: trace ids must be unique, {str(ids[counts > 1][0])!r} appears "
+                            f"{int(counts.max())} times")
+        try:
+            ok = math.isfinite(float(self.threshold))
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise SiftError(f"{who}: threshold must be a finite number, got {self.threshold!r}")
+        self.label = label.astype(int)
+        self.prob = prob
 
     def __len__(self) -> int:
         return len(self.trace_id)
@@ -165,6 +188,13 @@ class Pairs:
         cols = {"axis": "axis", "kind": "kind", "source_id": "source", "shifted_id": "shifted",
                 "phi_source": "phi_source", "phi_shifted": "phi_shifted", "base_item": "base_item"}
         try:
-            return cls(**{k: [r[v] for r in rows] for k, v in cols.items()})
+            pairs = cls(**{k: [r[v] for r in rows] for k, v in cols.items()})
         except KeyError as e:
             raise SiftError(f"{path}: pair record without field {e}") from e
+        for k in ("phi_source", "phi_shifted"):
+            vals = getattr(pairs, k)
+            bad = [v for v in vals.tolist() if isinstance(v, bool) or v not in (0, 1)]
+            if bad:
+                raise SiftError(f"{path}: verified pair field {k!r} must be 0 or 1, got {bad[0]!r}")
+            setattr(pairs, k, vals.astype(int))
+        return pairs

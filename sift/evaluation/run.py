@@ -102,7 +102,7 @@ def _from_results(run_dir: Path, rec: Mapping[str, Any], name: str | None, seed:
 
 def resolve_detectors(entries: Iterable[Any]) -> list[DetectorSpec]:
     """Turn ``cfg.detectors`` entries (paths, globs, ``{path, name, seed}``) into :class:`DetectorSpec` s."""
-    import torch
+    from sift.checkpoints import check_local, is_remote, load_checkpoint
 
     specs: list[DetectorSpec] = []
     for entry in entries:
@@ -110,6 +110,8 @@ def resolve_detectors(entries: Iterable[Any]) -> list[DetectorSpec]:
             raw, name, seed = str(entry["path"]), entry.get("name"), entry.get("seed")
         else:
             raw, name, seed = str(entry), None, None
+        if is_remote(raw):
+            check_local(raw, "detector")
         paths = sorted(glob.glob(raw)) if any(c in raw for c in "*?[") else [raw]
         if not paths:
             raise SiftError(f"detector {raw!r}: no such file or folder")
@@ -125,7 +127,7 @@ def resolve_detectors(entries: Iterable[Any]) -> list[DetectorSpec]:
                         raise SiftError(f"{p}: no sift-train run (results.json) in this folder")
                 specs += [_from_results(d, r, name, seed) for d, r in recs]
             elif p.is_file():
-                info = torch.load(str(p), map_location="cpu", weights_only=False)
+                info = load_checkpoint(p, what="detector checkpoint or ensemble file")
                 if isinstance(info, dict) and "sift_ensemble" in info:
                     specs.append(DetectorSpec(str(p), "ensemble", name or info["sift_ensemble"]["name"], None,
                                               {"file": str(p)}))
@@ -318,6 +320,8 @@ def _load_saved(entries: Iterable[Any]) -> tuple[list[Predictions], Pairs | None
     pairs = None
     for entry in entries:
         raw = str(entry)
+        if is_remote(raw):
+            check_local(raw, "detector")
         paths = sorted(glob.glob(raw)) if any(c in raw for c in "*?[") else [raw]
         if not paths:
             raise SiftError(f"predictions {raw!r}: no such file or folder")

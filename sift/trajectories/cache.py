@@ -80,6 +80,7 @@ def index_corpus(traces: str | Path, model_field: str = "family") -> CorpusIndex
     if not traces.exists():
         raise SiftError(f"{traces}: no such file (expected the corpus's traces.jsonl)")
     idx = CorpusIndex(traces)
+    seen: dict[str, int] = {}
     with open(traces, "rb") as fh:
         lineno, pos = 0, 0
         for line in fh:
@@ -94,6 +95,10 @@ def index_corpus(traces: str | Path, model_field: str = "family") -> CorpusIndex
             if model_field not in r:
                 raise SiftError(f"{traces}:{lineno}: trace record lacks field {model_field!r}")
             check_record(r, f"{traces}:{lineno}")
+            tid = str(r["trace_id"])
+            if tid in seen:
+                raise SiftError(f"{traces}:{lineno}: duplicate trace_id {tid!r} (first on line {seen[tid]})")
+            seen[tid] = lineno
             m = str(r[model_field])
             idx.offsets.setdefault(m, array("q")).append(start)
             ids = list(r["prompt_ids"]) + list(r["generated_ids"])
@@ -162,12 +167,23 @@ def shard_header(path: str | Path) -> dict[str, Any]:
     return header
 
 
-def shard_ok(path: str | Path, key: str) -> bool:
-    """True when ``path`` is a complete shard of cache ``key`` (used to skip finished work on resume)."""
+def shard_problem(path: str | Path, key: str) -> str | None:
+    """Why ``path`` is not a usable shard of cache ``key`` (missing, incomplete, another key, non-finite
+    values), or None when it is."""
+    if not Path(path).exists():
+        return "missing"
     try:
-        return Path(path).exists() and shard_header(path)["__metadata__"].get("key") == key
-    except SiftError:
-        return False
+        if shard_header(path)["__metadata__"].get("key") != key:
+            return "written for another configuration"
+        read_shard(path)  # shapes and finiteness: a shard with NaN is recomputed, never kept
+    except SiftError as e:
+        return str(e).split(": ", 1)[-1]
+    return None
+
+
+def shard_ok(path: str | Path, key: str) -> bool:
+    """True when ``path`` is a complete, finite shard of cache ``key`` (finished work to skip on resume)."""
+    return shard_problem(path, key) is None
 
 
 def read_shard(path: str | Path, expect: dict[str, int] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -204,7 +220,8 @@ def read_shard(path: str | Path, expect: dict[str, int] | None = None) -> tuple[
                                 f"the shard belongs to another model")
     for k in ("desc", "final", "pooled", "scalars", "profile"):
         if not torch.isfinite(t[k].float()).all():
-            raise SiftError(f"{path}: non-finite values in tensor {k!r}")
+            raise SiftError(f"{path}: non-finite values (NaN/inf) in tensor {k!r}; rerun sift-extract to recompute "
+                            f"this shard (it is never reused)")
     return t, meta
 
 

@@ -252,10 +252,31 @@ def answer_index(record: dict) -> int | None:
     return len(gen) - 1 if len(gen) > c1 and len(gen) >= 1 else None
 
 
+#: fields every trace record needs downstream (extraction, DataModule splits, environments, pairs)
+TRACE_FIELDS = ("trace_id", "base_item", "domain", "condition", "phi", "prompt_ids", "generated_ids", "cot_span")
+
+
+def check_phi(value: Any, where: str) -> int | None:
+    """φ* of a trace record: 1 (faithful), 0 (unfaithful) or null (ambiguous); anything else is refused."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value not in (0, 1):
+        raise SiftError(f"{where}: phi must be 1, 0 or null (ambiguous), got {value!r}")
+    return int(value)
+
+
 def check_record(record: dict, where: str) -> None:
-    for k in ("prompt_ids", "generated_ids", "cot_span"):
+    """A trace record has every field of TRACE_FIELDS, string ids, a valid φ* and an in-range CoT span."""
+    if not isinstance(record, dict):
+        raise SiftError(f"{where}: trace record is not a JSON object")
+    for k in TRACE_FIELDS:
         if k not in record:
-            raise SiftError(f"{where}: trace record lacks field {k!r}")
+            hint = " (null marks an ambiguous trace)" if k == "phi" else ""
+            raise SiftError(f"{where}: trace record lacks field {k!r}{hint}")
+    for k in ("trace_id", "base_item", "domain", "condition"):
+        if not isinstance(record[k], (str, int)) or isinstance(record[k], bool) or str(record[k]) == "":
+            raise SiftError(f"{where}: trace record field {k!r} must be a non-empty string, got {record[k]!r}")
+    check_phi(record["phi"], where)
     c0, c1 = record["cot_span"]
     if not (0 <= c0 <= c1 <= len(record["generated_ids"])):
         raise SiftError(f"{where}: cot_span {record['cot_span']} out of range for {len(record['generated_ids'])} "

@@ -173,6 +173,29 @@ def _check_corpus_vs_model(corpus_dir: Path, index: C.CorpusIndex, m: str, path:
                                 f"the model does not match the corpus")
 
 
+def check_corpus_manifest(corpus_dir: Path, n_traces: int) -> None:
+    """The corpus's manifest.json (when present) must count the traces and pairs its files hold."""
+    import json
+
+    mf = corpus_dir / "manifest.json"
+    if not mf.exists():
+        return
+    try:
+        man = json.loads(mf.read_text())
+    except json.JSONDecodeError as e:
+        raise SiftError(f"{mf}: not valid JSON ({e.msg})") from None
+    if "traces" in man and man["traces"] != n_traces:
+        raise SiftError(f"{mf}: manifest counts {man['traces']} traces but {corpus_dir / 'traces.jsonl'} holds "
+                        f"{n_traces}; the corpus files do not belong together (rebuild it with sift-corpus)")
+    pairs = corpus_dir / "pairs.jsonl"
+    if "pairs" in man and pairs.exists():
+        with open(pairs) as fh:
+            n_pairs = sum(1 for line in fh if line.strip())
+        if man["pairs"] != n_pairs:
+            raise SiftError(f"{mf}: manifest counts {man['pairs']} pairs but {pairs} holds {n_pairs}; the corpus "
+                            f"files do not belong together (rebuild it with sift-corpus)")
+
+
 def _check_cache_vs_model(out_dir: Path, m: str, path: str, dims: dict) -> None:
     mp = out_dir / C.MANIFEST
     if not mp.exists():
@@ -200,6 +223,7 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
     corpus_dir, out_dir = Path(corpus_dir), Path(out_dir)
     t0 = time.time()
     index = C.index_corpus(corpus_dir / "traces.jsonl", model_field)
+    check_corpus_manifest(corpus_dir, index.n)
     wanted = sorted(index.offsets) if families is None else list(families)
     missing = [m for m in wanted if m not in models]
     if missing:
@@ -235,9 +259,10 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
     extract_corpus.last_run = {"computed": list(module.computed), "written": list(writer.written)}  # type: ignore[attr-defined]
     if not trainer.is_global_zero:
         return None
-    bad = [t.path for t in tasks if not C.shard_ok(t.path, t.key)]
+    bad = [(t.path, why) for t in tasks if (why := C.shard_problem(t.path, t.key)) is not None]
     if bad:
-        raise SiftError(f"{bad[0]}: shard missing or incomplete after extraction ({len(bad)} of {len(tasks)}); rerun to resume")
+        raise SiftError(f"{bad[0][0]}: shard unusable after extraction ({bad[0][1]}; {len(bad)} of {len(tasks)} "
+                        f"shards); rerun to resume")
     for m in info:
         info[m]["shards"] = [str(Path(t.path).relative_to(out_dir)) for t in tasks if t.model == m]
     from sift.provenance import provenance

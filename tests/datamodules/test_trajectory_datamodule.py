@@ -192,22 +192,23 @@ def test_clear_errors(traj, tmp_path):
         TrajectoryDataModule(traj / "traj", holdout_domain="poetry").setup()
 
 
-def test_answer_probe_is_fit_once_per_split_and_cached(traj, monkeypatch):
+def test_answer_probe_is_fit_once_per_split_and_cached(traj, monkeypatch, tmp_path):
     from sift.trajectories import probe as P
 
-    first = TrajectoryDataModule(traj / "traj", seed=11)
+    cache = tmp_path / "cache"
+    first = TrajectoryDataModule(traj / "traj", seed=11, cache_dir=cache)
     first.setup()
     fits = []
     real = P.AnswerProbe.fit
     monkeypatch.setattr(P.AnswerProbe, "fit", lambda self, X, y: fits.append(1) or real(self, X, y))
-    again = TrajectoryDataModule(traj / "traj", seed=11)
+    again = TrajectoryDataModule(traj / "traj", seed=11, cache_dir=cache)
     again.setup()
     assert fits == []  # same shards, train items and probe settings: the cached curves are reused
     for split in ("train", "val", "test"):  # early commitment is a descriptor channel: identical sequences
         for a, b in zip(first.dataset(split).examples, again.dataset(split).examples):
             assert a.trace_id == b.trace_id
             torch.testing.assert_close(a.x, b.x)
-    other = TrajectoryDataModule(traj / "traj", seed=12)  # other split → other train items → a new fit
+    other = TrajectoryDataModule(traj / "traj", seed=12, cache_dir=cache)  # other split → other train items → a new fit
     other.setup()
     assert len(fits) == 2  # one probe per source model
 
