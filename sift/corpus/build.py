@@ -233,7 +233,11 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True) 
     records, reused = run_chunks(chunks, out_dir / ".parts", chash, lambda c: build_chunk(sources, c, cfg, chash),
                                  desc="corpus chunks", progress=progress)
     pairs = build_pairs(records, cfg)
+    from sift.corpus.audit import prompt_states_for
+
+    states, why = prompt_states_for(sources, records)  # the prompt-only control of the audit (cheap here)
     manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
-                              seconds=round(time.time() - t0, 1), chunks_reused=reused)
+                              seconds=round(time.time() - t0, 1), chunks_reused=reused, prompt_states=states,
+                              prompt_states_reason=why)
     write_corpus(out_dir, records, pairs, manifest)
     return manifest
