@@ -76,8 +76,10 @@ class SklearnDetector(DetectorModule):
         y = np.asarray(y).astype(int)
         if len(np.unique(y)) < 2:
             raise SiftError(f"{self.detector_name}: training labels hold a single class")
+        from threadpoolctl import threadpool_limits
+
         est = self.make_estimator()
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), threadpool_limits(1):  # one thread per run, like the torch detectors
             warnings.simplefilter("ignore")
             est.fit(X, y)
         self.estimator = est
@@ -120,7 +122,10 @@ class SklearnDetector(DetectorModule):
         if self.estimator is None:
             # Lightning's sanity check runs before the fit: a constant until then
             return torch.zeros(len(batch), device=batch.label.device), None
-        p = self.estimator.predict_proba(self.inputs(batch))[:, 1]
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):
+            p = self.estimator.predict_proba(self.inputs(batch))[:, 1]
         p = np.clip(p.astype(np.float64), 1e-7, 1 - 1e-7)
         return torch.as_tensor(np.log(p / (1 - p)), dtype=torch.float32, device=batch.label.device), None
 
