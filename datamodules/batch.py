@@ -29,6 +29,8 @@ class TraceExample:
     features: torch.Tensor  # [F] scalar features for the baselines (names in the DataModule's feature_names)
     trace_id: str = ""
     base_item: str = ""
+    prompt_pooled: torch.Tensor | None = None  # [d] final-layer state of the last prompt token (prompt_probe)
+    text: str = ""  # prompt + CoT text (text_bow control)
 
 
 @dataclass
@@ -45,10 +47,13 @@ class TraceBatch:
     features: torch.Tensor  # [B, F]
     trace_id: list[str] = field(default_factory=list)
     base_item: list[str] = field(default_factory=list)
+    prompt_pooled: torch.Tensor | None = None  # [B, d] prompt-final states (None: the DataModule has none)
+    text: list[str] = field(default_factory=list)  # prompt + CoT text per trace (empty: the DataModule has none)
 
     def to(self, device) -> "TraceBatch":
         t = {k: getattr(self, k).to(device) for k in ("x", "mask", "label", "env", "domain", "model", "pooled", "features")}
-        return TraceBatch(**t, trace_id=self.trace_id, base_item=self.base_item)
+        pp = self.prompt_pooled.to(device) if self.prompt_pooled is not None else None
+        return TraceBatch(**t, trace_id=self.trace_id, base_item=self.base_item, prompt_pooled=pp, text=self.text)
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -72,6 +77,9 @@ def collate(examples: Sequence[TraceExample]) -> TraceBatch:
         pooled=torch.stack([e.pooled for e in examples]),
         features=torch.stack([e.features for e in examples]),
         trace_id=[e.trace_id for e in examples], base_item=[e.base_item for e in examples],
+        prompt_pooled=(torch.stack([e.prompt_pooled for e in examples])
+                       if all(e.prompt_pooled is not None for e in examples) else None),
+        text=[e.text for e in examples] if any(e.text for e in examples) else [],
     )
 
 

@@ -47,6 +47,7 @@ from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from datamodules.batch import PairIndex, TraceBatch, TraceExample, collate
+from sift.corpus import audit as A
 from sift.corpus.conditions import AXES
 from sift.errors import SiftError
 from sift.atomic import atomic_open
@@ -174,6 +175,8 @@ class _Trace:
     phi: int | None
     answer: str | None
     text: list[float]
+    control_text: str = ""  # prompt + CoT (text_bow control)
+    surface: dict | None = None  # structured text features (surface control; sift.corpus.audit)
 
 
 class TrajectoryDataModule(pl.LightningDataModule):
@@ -251,7 +254,11 @@ class TrajectoryDataModule(pl.LightningDataModule):
             if tid in self.traces:
                 raise SiftError(f"{where}: duplicate trace_id {tid!r}")
             self.traces[tid] = _Trace(tid, str(r["base_item"]), str(r["domain"]), m, str(r["condition"]),
-                                      check_phi(r["phi"], where), r.get("answer"), F.text_features(r))
+                                      check_phi(r["phi"], where), r.get("answer"), F.text_features(r),
+                                      A.control_text(r), A.surface_features(r))
+        # the surface control's columns: one categorical vocabulary over the whole corpus (every split)
+        surf, self.surface_names, _ = A.surface_matrix([t.surface for t in self.traces.values()])
+        self.surface_rows = dict(zip(self.traces, surf.tolist()))
         domains = {t.domain for t in self.traces.values()}
         if self.holdout_domain is not None and self.holdout_domain not in domains:
             raise SiftError(f"holdout_domain {self.holdout_domain!r} not in the corpus (domains: {sorted(domains)})")
@@ -351,6 +358,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
                 seen.add(tid)
                 self.desc[tid] = {"desc": t["desc"][off[i]:off[i + 1]].clone(), "n_tokens": int(t["n_tokens"][i]),
                                   "pooled": t["pooled"][i].clone(), "scalars": t["scalars"][i].tolist(),
+                                  "prompt_final": t["prompt_final"][i].clone() if "prompt_final" in t else None,
                                   "answer_logp": float(t["answer_logp"][i]), "profile": t["profile"][i].tolist()}
                 tr = self.traces[tid]
                 if cached is None and tr.base_item in probe_item and tr.answer is not None and off[i + 1] > off[i]:
@@ -395,7 +403,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
         all_channels = stored[:-1] + ["early_commitment", "attention_stability"]
         keep = [i for i, c in enumerate(all_channels) if not any(c == d or c.startswith(d) for d in self.drop_channels)]
         self.channel_names = [all_channels[i] for i in keep]
-        self.feature_names = F.feature_names(info["profile_names"])
+        self.feature_names = F.feature_names(info["profile_names"]) + list(self.surface_names)
         self.feature_groups = F.feature_groups(self.feature_names)
         self.pooled_dim = int(info["hidden_size"])
         self.summary: dict[str, Any] = {"ambiguous": 0, "empty_cot": 0, "unassigned": 0}
@@ -416,10 +424,13 @@ class TrajectoryDataModule(pl.LightningDataModule):
             x = torch.cat([d["desc"][:, :-1], d["e"][:, None], d["desc"][:, -1:]], dim=1)[:, keep_t]
             sc = d["scalars"]
             feats = F.assemble(tr.text, d["n_tokens"], d["answer_logp"], [sc[0], sc[1], d["ec"], sc[2]], d["profile"])
+            feats += self.surface_rows[tid]
             buckets[s].append(TraceExample(
                 x=x.float().contiguous(), label=int(tr.phi), env=self._env(tr), domain=self.domain_names.index(tr.domain),
                 model=self.model_names.index(tr.model), pooled=d["pooled"].float(),
-                features=torch.tensor(feats, dtype=torch.float32), trace_id=tid, base_item=tr.base_item))
+                features=torch.tensor(feats, dtype=torch.float32), trace_id=tid, base_item=tr.base_item,
+                prompt_pooled=d["prompt_final"].float() if d["prompt_final"] is not None else None,
+                text=tr.control_text))
         del self.desc
         self.datasets = {s: TraceDataset(b) for s, b in buckets.items()}
         self.train_env_ids = sorted({e.env for e in buckets["train"]})

@@ -2,7 +2,7 @@
 
     corpus/         sift-corpus      traces + verified pairs + manifest
     trajectories/   sift-extract     descriptor sequences, pooled states, intervention profiles
-    runs/<key>/     sift-train       one detector × seed (main, ablation and transfer runs), results.json
+    runs/<key>/     sift-train       one detector × seed (main incl. shortcut controls, ablation, transfer), results.json
     runs/<key>/predictions/<split>.npz   per-trace P(faithful) of the run's best checkpoint
     report/         sift-evaluate    report.md, results.json, figures (+ W&B offline run)
 
@@ -55,6 +55,9 @@ def plan_runs(cfg: DictConfig) -> list[RunSpec]:
     cells, held-out-domain and held-out-model runs."""
     runs = [RunSpec(f"main/{d}/seed{s}", "main", d, int(s), [f"detector={d}"])
             for d in cfg.detectors for s in cfg.seeds]
+    # the shortcut controls (text only / prompt only): main runs like any detector, their own group in the tables
+    runs += [RunSpec(f"main/{d}/seed{s}", "main", d, int(s), [f"detector={d}"], {"control": "true"})
+             for d in cfg.get("controls") or [] if d not in cfg.detectors for s in cfg.seeds]
     runs += [RunSpec(f"ablation/{a}/seed{s}", "ablation", "sift", int(s), ["detector=sift", f"ablation={a}"],
                      {"ablation": str(a)}) for a in cfg.ablations for s in cfg.ablation_seeds]
     # the factorial design (paper appendix F): the two objective × architecture cells the main runs lack

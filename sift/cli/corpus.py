@@ -9,7 +9,18 @@ from sift.cli._common import CONFIG_DIR, clean_failure
 
 
 def run(cfg: DictConfig) -> dict:
-    """Build the corpus described by ``cfg`` into ``cfg.output_dir``; returns the manifest."""
+    """Build the corpus described by ``cfg`` into ``cfg.output_dir``; returns the manifest. Prints one warning
+    line when a shortcut control of the manifest's audit exceeds its limit (:mod:`sift.corpus.audit`)."""
+    from sift.corpus.audit import warning_line
+
+    m = _build(cfg)
+    line = warning_line(m)
+    if line:
+        print(line, flush=True)
+    return m
+
+
+def _build(cfg: DictConfig) -> dict:
     from sift.errors import SiftError
 
     n = cfg.get("n_items")

@@ -297,12 +297,16 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True) 
     records, reused = run_chunks(chunks, out_dir / ".parts", chash, lambda c: build_chunk(sources, c, cfg, chash),
                                  desc="corpus chunks", progress=progress)
     pairs = build_pairs(records, cfg)
+    from sift.corpus.audit import prompt_states_for
+
     stochasticity = None
     if cfg.do_sample and cfg.audit_seeds > 1 and "base" in cfg.conditions:
         seeds = [cfg.stream_seed + k for k in range(cfg.audit_seeds)]
         stochasticity = labels_across_seeds(sources, items, cfg, seeds)
+    states, why = prompt_states_for(sources, records)  # the prompt-only control of the audit (cheap here)
     manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
-                              seconds=round(time.time() - t0, 1), chunks_reused=reused)
+                              seconds=round(time.time() - t0, 1), chunks_reused=reused, prompt_states=states,
+                              prompt_states_reason=why)
     if stochasticity is not None:
         manifest["mechanism_across_seeds"] = stochasticity
     write_corpus(out_dir, records, pairs, manifest)

@@ -50,7 +50,14 @@ def shortcut_aurocs(records: list[dict], seed: int = 0) -> dict[str, float]:
 
 
 def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_hash: str, seconds: float,
-                   chunks_reused: int = 0) -> dict[str, Any]:
+                   chunks_reused: int = 0, prompt_states: dict | None = None,
+                   prompt_states_reason: str | None = None, audit: bool = True) -> dict[str, Any]:
+    """The manifest. Also marks ``record["matched_slice"]`` on every record, in place (the one place both the
+    organism and the real-LM corpus set it), and audits the corpus with the shortcut controls
+    (:func:`sift.corpus.audit.control_audit`; ``prompt_states``: trace id → prompt-final state)."""
+    from sift.corpus.audit import control_audit, mark_matched_slice, slice_summary
+
+    mark_matched_slice(records)
     axes: dict[str, Any] = {}
     for name, ax in AXES.items():
         if name == "base":
@@ -90,4 +97,7 @@ def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_
         "conditions": dict(per_cond),
         "clean_accuracy": {k: round(float(np.mean(v)), 4) for k, v in sorted(acc.items())},
         "shortcuts": shortcut_aurocs(records),
+        "matched_slice": slice_summary(records),
+        "controls_audit": (control_audit(records, prompt_states, prompt_states_reason=prompt_states_reason)
+                           if audit else None),
     }

@@ -6,6 +6,7 @@ baseline                   inputs (DataModule names, see ``features.py``)       
 biasing-features           ``features`` columns starting with ``cue/``                          LR, C = 1
 counterfactual             ``features`` columns starting with ``cf/``                           MLP 64
 hidden-state probe         ``pooled`` (mean-pooled final-layer state)                           LR, C = 1
+prompt probe (a control)   ``prompt_pooled`` (final-layer state of the last prompt token)       LR, C = 1
 instance-level             ``features`` columns starting with ``beh/`` or ``int/``              MLP 128
 attribution-consistency    mean of channel ``attention_stability`` over real steps             1-D LR (threshold)
 =========================  =================================================================  ==================
@@ -30,7 +31,7 @@ from sift.detectors.features import channel_index, select_by_prefix
 from sift.detectors.module import DetectorModule, Standardizer, mlp
 from sift.errors import SiftError
 
-INPUT_KINDS = ("features", "pooled", "channel_mean")
+INPUT_KINDS = ("features", "pooled", "channel_mean", "prompt_pooled")
 
 
 class InputSelector(nn.Module):
@@ -52,7 +53,7 @@ class InputSelector(nn.Module):
             self.names = [f"mean({channel})"]
         else:
             if pooled_dim <= 0:
-                raise SiftError("inputs=pooled needs pooled_dim > 0 from the DataModule")
+                raise SiftError(f"inputs={kind} needs pooled_dim > 0 from the DataModule")
             idx = list(range(pooled_dim))
             self.names = [f"pooled/{i}" for i in idx]
         self.register_buffer("idx", torch.tensor(idx, dtype=torch.long), persistent=False)
@@ -63,6 +64,13 @@ class InputSelector(nn.Module):
             return batch.features.index_select(-1, self.idx).float()
         if self.kind == "pooled":
             return batch.pooled.float()
+        if self.kind == "prompt_pooled":
+            pp = batch.prompt_pooled
+            if pp is None or pp.shape[-1] != self.dim:
+                raise SiftError("inputs=prompt_pooled: the batch has no prompt-final hidden states "
+                                f"(got {None if pp is None else tuple(pp.shape)}, need [B, {self.dim}]); the "
+                                "trajectories were extracted before they were stored: rerun sift-extract")
+            return pp.float()
         x = batch.x.index_select(-1, self.idx).squeeze(-1)  # [B, T]
         m = batch.mask.to(x.dtype)
         return ((x * m).sum(1) / m.sum(1).clamp_min(1)).unsqueeze(-1)

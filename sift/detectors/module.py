@@ -38,7 +38,9 @@ def _subset(b: TraceBatch, idx: torch.Tensor) -> TraceBatch:
     t = {k: getattr(b, k)[idx] for k in _TENSOR_FIELDS}
     il = idx.tolist()
     return TraceBatch(**t, trace_id=[b.trace_id[i] for i in il] if b.trace_id else [],
-                      base_item=[b.base_item[i] for i in il] if b.base_item else [])
+                      base_item=[b.base_item[i] for i in il] if b.base_item else [],
+                      prompt_pooled=b.prompt_pooled[idx] if b.prompt_pooled is not None else None,
+                      text=[b.text[i] for i in il] if b.text else [])
 
 
 def as_env_batches(batch: TraceBatch | Sequence[TraceBatch]) -> list[TraceBatch]:
@@ -68,9 +70,12 @@ def concat_batches(batches: Sequence[TraceBatch]) -> TraceBatch:
         xs.append(F.pad(b.x, (0, 0, 0, pad)))
         ms.append(F.pad(b.mask, (0, pad), value=False))
     t = {k: torch.cat([getattr(b, k) for b in batches]) for k in _TENSOR_FIELDS if k not in ("x", "mask")}
+    pp = [b.prompt_pooled for b in batches]
     return TraceBatch(x=torch.cat(xs), mask=torch.cat(ms), **t,
                       trace_id=[i for b in batches for i in b.trace_id],
-                      base_item=[i for b in batches for i in b.base_item])
+                      base_item=[i for b in batches for i in b.base_item],
+                      prompt_pooled=torch.cat(pp) if all(p is not None for p in pp) else None,
+                      text=[i for b in batches for i in b.text] if all(b.text for b in batches) else [])
 
 
 # --------------------------------------------------------------------------------------------- data spec

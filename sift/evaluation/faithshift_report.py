@@ -140,8 +140,18 @@ def corpus_section(corpus_dir: Path) -> Section:
           f"{m['shortcuts']['length_domain_lr']:.3f}, last value = answer "
           f"{m['shortcuts']['last_value_equals_answer']:.3f}.\n\n"
           + markdown_table(["axis", "kind", "built", "verified", "kept"], rows))
-    return Section("corpus", "Corpus", md, results={k: m[k] for k in ("traces", "pairs", "label_balance", "axes",
-                                                                       "shortcuts", "config_hash")})
+    sl, audit = m.get("matched_slice"), m.get("controls_audit")
+    if sl:
+        md += (f"\n\nMatched-text slice (cue ≠ gold, answer = cue): {sl['verified']} verified traces "
+               f"({sl['fraction_of_verified']} of verified), φ*=0 share {sl['phi_0_fraction']}.")
+    if audit:
+        from sift.corpus.audit import audit_table
+
+        md += ("\n\n**Shortcut-control audit** (grouped 5-fold CV AUROC by base item, the corpus's verified "
+               "traces):\n\n" + audit_table(audit))
+    return Section("corpus", "Corpus", md, results={k: m.get(k) for k in ("traces", "pairs", "label_balance", "axes",
+                                                                           "shortcuts", "config_hash", "matched_slice",
+                                                                           "controls_audit")})
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, float]:
@@ -269,8 +279,12 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     meta = {"config_hash": config_hash(_settings(cfg)), "preset": cfg.preset_name,
             "seeds": list(cfg.seeds), "runs": [s.key for s in specs], "training": runs_training(out, specs)}
     selective = SelectiveConfig(alpha=float(cfg.sgr.alpha), delta=float(cfg.sgr.delta), bound=str(cfg.sgr.bound))
+    from sift.evaluation.controls import slice_ids_from_corpus
+
     report_from_predictions(preds, pairs, report_dir, extra_sections=[corpus_section(corpus), *extra],
-                            selective=selective, reference="sift", title="sift-faithshift report", meta=meta, **common)
+                            selective=selective, reference="sift", title="sift-faithshift report", meta=meta,
+                            slice_ids=slice_ids_from_corpus(corpus), **common)
+    results = report_dir / "results.json"
     if cfg.wandb:
         log_wandb(cfg, report_dir, results)
     write_text(stamp, key)

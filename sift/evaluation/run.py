@@ -182,7 +182,7 @@ def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, ou
                             reference: str | None = None, families: Mapping[str, str] | None = None,
                             n_resamples: int = 1000, seed: int = 0, extra_sections: Sequence[Section] = (),
                             title: str = "sift evaluation", meta: Mapping[str, Any] | None = None,
-                            write: bool = True) -> list[Section]:
+                            write: bool = True, slice_ids: set[str] | None = None) -> list[Section]:
     """Build every section from in-memory predictions and write ``report.md``/``results.json`` to ``out_dir``.
 
     ``predictions`` may mix splits: runs on ``split`` are evaluated; runs on ``calib_split`` (default
@@ -193,8 +193,11 @@ def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, ou
     ``"transfer"``). Runs with ``meta['train_on']``/``meta['test_on']`` go to transfer matrices (one per
     detector and ``meta['matrix']`` setting); those with ``meta['in_dist_of']`` (a transfer run's own
     in-distribution test split) also give the like-for-like transfer gap of that setting.
+    With ``slice_ids`` (trace ids of the matched-text slice) the detectors and controls get a matched-slice
+    table.
     """
     from sift.evaluation import tables as T
+    from sift.evaluation.controls import order_rows
 
     out_dir = Path(out_dir)
     matrix_runs = [p for p in predictions if "train_on" in p.meta and "test_on" in p.meta]
@@ -216,6 +219,7 @@ def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, ou
     common = dict(n_resamples=n_resamples, seed=seed)
     # Tables 1, 3 and 8 list the detectors; ablations and factorial cells have Table 4 and appendix F
     primary = {k: v for k, v in test.items() if not any(is_variant(p) for p in v)} or test
+    primary = order_rows(primary)  # the shortcut controls last, as their own group
     if test:
         sections.append(T.main_table(primary, pairs, transfer=transfer or None, transfer_in_dist=home or None,
                                      calib=calib, selective=selective, **common))
@@ -226,6 +230,10 @@ def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, ou
                                                  coverages=coverages, match_coverage=match_coverage,
                                                  reference=reference if reference in T.group_runs(primary) else None,
                                                  out_dir=out_dir, **common))
+        if slice_ids is not None:
+            from sift.evaluation.controls import matched_slice_section
+
+            sections.append(matched_slice_section(primary, pairs, slice_ids, **common))
         # ablations: a detector with runs of several ablation variants
         by_det: dict[str, dict[str, list[Predictions]]] = {}
         for lst in test.values():
@@ -401,10 +409,19 @@ def evaluate(cfg: Any) -> dict[str, Any]:
         match_coverage=float(cfg.get("match_coverage") or 0.70), reference=cfg.get("reference"),
         families=dict(cfg.families) if cfg.get("families") else None, n_resamples=int(cfg.get("n_resamples", 1000)),
         seed=int(cfg.get("seed") or 0), extra_sections=extra, title=str(cfg.get("title") or "sift evaluation"),
+        slice_ids=_slice_ids(cfg),
         meta={"detectors": [s.__dict__ for s in specs], "predictions_from": [str(p) for p in cfg.get("predictions") or []]})
     return {"output_dir": str(out_dir), "sections": [s.key for s in sections],
             "report": str(out_dir / "report.md"), "results": str(out_dir / "results.json"),
             "n_predictions": len(preds)}
+
+
+def _slice_ids(cfg: Any) -> set[str] | None:
+    """The matched-text slice of the corpus the config names (None without a corpus)."""
+    from sift.evaluation.controls import slice_ids_from_corpus
+
+    corpus = cfg.get("corpus_dir") or (cfg.data.get("corpus_dir") if "data" in cfg and cfg.data else None)
+    return slice_ids_from_corpus(corpus) if corpus and (Path(corpus) / "traces.jsonl").is_file() else None
 
 
 def companion(cfg: Any, out_dir: Path) -> list[Section]:

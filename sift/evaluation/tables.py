@@ -35,6 +35,8 @@ from sift.errors import SiftError
 from sift.evaluation.analysis import (NAN, Items, RunData, SelectiveConfig, bootstrap_vector, calibration_source,
                                       check_same_split, common_items, fast_auroc, fmt, fmt_ci, group_runs,
                                       match_calibration, num, preserving_axes, split_strata)
+from sift.evaluation.controls import (NOT_ABOVE, control_margins, is_control, margin_cell, order_rows,
+                                      with_group_rows)
 from sift.evaluation.metrics import harmonic_mfs
 from sift.evaluation.predictions import Pairs, Predictions, average
 from sift.metrics import (UndefinedMetricWarning, benjamini_hochberg, mcnemar, risk_upper_bound,
@@ -141,7 +143,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     cluster-bootstrap CI on the overlap; it needs ≥ 2 seeds.
     """
     check_same_split(runs)
-    rows = group_runs(runs)
+    rows = order_rows(group_runs(runs))  # detectors, then the shortcut controls (sift.evaluation.controls)
     if not rows:
         raise SiftError("main_table: no runs")
     transfer = {k: group_runs({n: _as_list(v) for n, v in d.items()}) for k, d in (transfer or {}).items()}
@@ -229,12 +231,19 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                                     fmt(nz(dec.get("stochastic_fraction")), 2), dec.get("n_seed_pairs", 0)])
             tables["e"].append([row + mark, len(rds), f"{fmt(nz(res['seed_stability']['mean']))} ± "
                                 f"{fmt(std)}"])
+    margins = control_margins(rows, n_resamples, seed, items)  # detector − best control, paired bootstrap
+    for i, row in enumerate(data):
+        results["detectors"][row]["group"] = "controls" if is_control(row) else "detectors"
+        if margins:
+            results["detectors"][row]["margin_over_best_control"] = margins.get(row)
+            tables["a"][i].append(margin_cell(margins.get(row)))
+    tables = {k: with_group_rows(v) for k, v in tables.items()}
     md = [f"Test split; {n_resamples} cluster-bootstrap resamples over base items (95 % CI in brackets); "
           f"SGR α = {selective.alpha}, δ = {selective.delta} ({selective.bound}), calibrated "
           f"{results['calibration']}. Rows with several seeds: mean over seeds.", "",
           "**(a) In-distribution vs transfer AUROC**", "",
           markdown_table(["Detector", "In-dist", *[f"Transfer: {s}" for s in settings], "Gap",
-                          "Gap (like-for-like)"], tables["a"]), "",
+                          "Gap (like-for-like)", *(["Δ AUROC vs best control"] if margins else [])], tables["a"]), "",
           "Gap = the main runs' in-distribution AUROC − mean transfer AUROC (the paper's); like-for-like = mean "
           "over settings of the transfer run's own in-distribution test AUROC − its held-out AUROC.", "",
           "**(b) Per-axis invariance violation rate** (mean = macro mean over axes, the paper's; pooled = all "
@@ -254,6 +263,10 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     if det:
         md += ["", f"{DETERMINISTIC_MARK} {', '.join(det)}: {DETERMINISTIC_NOTE}"]
     md += _undertrained_note({r: v["undertrained"] for r, v in results["detectors"].items() if v["undertrained"]})
+    if margins:
+        md += ["", "Δ AUROC vs best control: the detector's in-distribution AUROC minus that of the best shortcut "
+               "control (text only or prompt only: text_bow, surface, prompt_probe) on the same test traces, paired "
+               f"cluster-bootstrap 95 % CI; \"{NOT_ABOVE}\": the CI does not lie above 0."]
     if undefined_notes:  # every "—" above, with the reason (also under "reason" in results.json)
         md += ["", "**Undefined cells (—)**", "", *[f"- {line}" for line in undefined_notes]]
     return Section(key, title, "\n".join(md), results=results)
@@ -439,7 +452,7 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
           "the seed ensemble = AUROC of the seeds' averaged probabilities. Gain = MFS(ensemble) − MFS(single). "
           "p: McNemar on per-pair invariance, first seed vs ensemble "
           f"(BH-adjusted at q = {q}).\n\n"
-          + markdown_table(["Method", "AUROC", "IVR", "AS", "MFS", "Gain (MFS)", "p (invariance)"], rows))
+          + markdown_table(["Method", "AUROC", "IVR", "AS", "MFS", "Gain (MFS)", "p (invariance)"], with_group_rows(rows)))
     det = [n for n, r in results["detectors"].items() if r["deterministic"]]
     if det:
         md += ("\n\n" + DETERMINISTIC_MARK + " " + ", ".join(det) + ": " + DETERMINISTIC_NOTE
@@ -613,12 +626,12 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
     md = [f"SGR: δ = {selective.delta}, {selective.bound} bound, δ split over the candidate grid; calibrated "
           f"{calibration_source(calib)}; mean over seeds.", "",
           "**SGR operating points**", "",
-          markdown_table(["Detector", "α", "Coverage", "Selective risk", "Bound", "Feasible"], sgr_rows), "",
+          markdown_table(["Detector", "α", "Coverage", "Selective risk", "Bound", "Feasible"], with_group_rows(sgr_rows)), "",
           f"**Selective risk by coverage** (top-κ most confident; bound = one-sided {selective.bound} at "
           f"δ/{len(coverages)})", "",
-          markdown_table(["Detector", *[f"κ={c:g}" for c in coverages]], cov_rows), "",
+          markdown_table(["Detector", *[f"κ={c:g}" for c in coverages]], with_group_rows(cov_rows)), "",
           f"**Coverage-matched comparison at κ = {match_coverage}** (95 % cluster-bootstrap CI)", "",
-          markdown_table(["Detector", "Selective risk", "MFS"], match_rows)]
+          markdown_table(["Detector", "Selective risk", "MFS"], with_group_rows(match_rows))]
     if cmp_rows:
         md += ["", f"Paired cluster-bootstrap test of the risk difference ({n_resamples} resamples, BH q = {q}):", "",
                markdown_table(["Difference", "Estimate [95% CI]", "p", "p (BH)"], cmp_rows)]

@@ -459,8 +459,12 @@ def build_real_corpus(cfg: RealCorpusConfig, out_dir: str | Path, progress: bool
 
     records, reused = run_chunks(chunks, parts, chash, build, desc="real-LM corpus chunks", progress=progress)
     pairs = build_pairs(records, SimpleNamespace(families=labels, conditions=cfg.conditions))
+    from sift.corpus.audit import prompt_states_for
+
+    states, why = prompt_states_for(loaded, records)  # models loaded for generation; one pass over the prompts
     manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
-                              seconds=round(time.time() - t0, 1), chunks_reused=reused)
+                              seconds=round(time.time() - t0, 1), chunks_reused=reused, prompt_states=states,
+                              prompt_states_reason=why)
     manifest["source"] = "real_lm"
     manifest["models"] = dict(zip(labels, cfg.models))
     manifest["items"] = {"source": cfg.source, "task": cfg.task if cfg.source == "reasoning_gym" else None,

@@ -16,6 +16,8 @@ final          [ΣN, d]         binned final-layer (block L) states, for the ans
 bin_offsets    [n+1] i64       trace i owns rows bin_offsets[i]:bin_offsets[i+1]
 n_tokens       [n] i64         CoT length in tokens before binning
 pooled         [n, d] f32      mean final-layer state over the CoT
+prompt_final   [n, d] f32      final-layer state of the last prompt token (optional: shards written before
+                               it existed lack it; the prompt-only control then asks for a re-extraction)
 scalars        [n, 3] f32      mean velocity, mean drift, AttnStab
 answer_logp    [n] f32         log P(answer token) in the teacher-forced pass (NaN: no answer)
 profile        [n, 3K] f32     counterfactual intervention-response profile (``metadata.profile_names``)
@@ -43,6 +45,9 @@ from sift.provenance import content_hash
 FORMAT = "sift-trajectories/1"
 MANIFEST = "trajectories.json"
 SHARD_TENSORS = ("desc", "final", "bin_offsets", "n_tokens", "pooled", "scalars", "answer_logp", "profile")
+OPTIONAL_TENSORS = ("prompt_final",)  # read when present; older shards (same FORMAT) lack them
+#: enters the cache key: bumped when shards gain content (v2: prompt_final), so a rerun recomputes old shards
+CONTENT_VERSION = 2
 
 
 def safe_name(name: str) -> str:
@@ -50,7 +55,7 @@ def safe_name(name: str) -> str:
 
 
 def cache_key(corpus_sha: str, model_fp: str, model: str, cfg_fields: dict[str, Any]) -> str:
-    return content_hash(FORMAT, corpus_sha, model_fp, model, cfg_fields)
+    return content_hash(FORMAT, CONTENT_VERSION, corpus_sha, model_fp, model, cfg_fields)
 
 
 def shard_path(out_dir: str | Path, model: str, k: int, key: str) -> Path:
@@ -133,6 +138,7 @@ def write_shard(path: str | Path, result: dict[str, torch.Tensor], meta: dict[st
 
     n_bins = result["n_bins"]
     tensors = {k: result[k].contiguous() for k in SHARD_TENSORS if k != "bin_offsets"}
+    tensors.update({k: result[k].float().contiguous() for k in OPTIONAL_TENSORS if k in result})
     tensors["bin_offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), n_bins.long().cumsum(0)])
     tensors["n_tokens"] = tensors["n_tokens"].long()
     md = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
@@ -211,6 +217,8 @@ def read_shard(path: str | Path, expect: dict[str, int] | None = None) -> tuple[
         problems.append(f"desc has {tuple(t['desc'].shape)} but {len(meta['channels'])} channels are named")
     if t["final"].shape != (t["desc"].shape[0], d) or t["pooled"].shape != (n, d):
         problems.append(f"final {tuple(t['final'].shape)} / pooled {tuple(t['pooled'].shape)} do not match hidden size {d}")
+    if "prompt_final" in t and t["prompt_final"].shape != (n, d):
+        problems.append(f"prompt_final {tuple(t['prompt_final'].shape)} does not match {n} traces × hidden size {d}")
     if problems:
         raise SiftError(f"{path}: inconsistent shard: {problems[0]}")
     if expect:
@@ -218,7 +226,7 @@ def read_shard(path: str | Path, expect: dict[str, int] | None = None) -> tuple[
             if k in meta and meta[k] != v:
                 raise SiftError(f"{path}: shard records {k}={meta[k]} but the trajectory manifest records {v}; "
                                 f"the shard belongs to another model")
-    for k in ("desc", "final", "pooled", "scalars", "profile"):
+    for k in ("desc", "final", "pooled", "scalars", "profile", *[o for o in OPTIONAL_TENSORS if o in t]):
         if not torch.isfinite(t[k].float()).all():
             raise SiftError(f"{path}: non-finite values (NaN/inf) in tensor {k!r}; rerun sift-extract to recompute "
                             f"this shard (it is never reused)")

@@ -347,8 +347,9 @@ class Extractor:
         """Descriptors of one batch of trace records (see :func:`sift.trajectories.descriptors`).
 
         Returns ``desc`` ``[ΣN, C0]`` and ``final`` ``[ΣN, d]`` (binned steps of all traces, concatenated),
-        ``n_bins``/``n_tokens`` ``[B]``, ``pooled`` ``[B, d]``, ``scalars`` ``[B, 3]`` and ``answer_logp`` ``[B]``
-        (NaN where the trace has no answer token).
+        ``n_bins``/``n_tokens`` ``[B]``, ``pooled`` ``[B, d]``, ``prompt_final`` ``[B, d]`` (block L's output at
+        the last prompt token: what the prompt alone gives, for the prompt-only control), ``scalars`` ``[B, 3]``
+        and ``answer_logp`` ``[B]`` (NaN where the trace has no answer token).
         """
         B = len(records)
         seqs = [list(r["prompt_ids"]) + list(r["generated_ids"]) for r in records]
@@ -409,13 +410,15 @@ class Extractor:
             raise SiftError(f"{self.name}: final-layer states exceed the float16 range (max |h| = "
                             f"{float(final_b.abs().max()):.3g}); set extraction.state_dtype=bfloat16 or float32")
         pooled = (H[:, -1] * valid_d[..., None]).sum(1) / T_d.clamp_min(1)[:, None].to(H.dtype)
+        prompt_final = h_last[torch.arange(B, device=dev), (p.offset + P - 1).clamp_min(0).to(dev)].float()
 
         lp = torch.log_softmax(logits.float(), dim=-1)  # [B, U, V]
         ans_lp = lp[torch.arange(B, device=lp.device), inverse.to(lp.device), a_tok.to(lp.device)]
         ans_lp = torch.where(has_ans.to(lp.device), ans_lp, torch.full_like(ans_lp, float("nan")))
         return {
             "desc": desc_b[keep].cpu(), "final": final_b[keep].to(self.state_dtype).cpu(),
-            "n_bins": n_bins.cpu(), "n_tokens": T, "pooled": pooled.cpu(), "scalars": scalars.cpu(),
+            "n_bins": n_bins.cpu(), "n_tokens": T, "pooled": pooled.cpu(), "prompt_final": prompt_final.cpu(),
+            "scalars": scalars.cpu(),
             "answer_logp": ans_lp.cpu(),
         }
 
@@ -440,13 +443,43 @@ def _concat_in_order(parts: list[dict], order: list[int]) -> dict[str, Any]:
     n_bins = torch.cat([p["n_bins"] for p in parts])
     inv = torch.empty(len(order), dtype=torch.long)
     inv[torch.tensor(order)] = torch.arange(len(order))
-    out: dict[str, Any] = {k: torch.cat([p[k] for p in parts])[inv] for k in ("n_tokens", "pooled", "scalars", "answer_logp")}
+    out: dict[str, Any] = {k: torch.cat([p[k] for p in parts])[inv] for k in ("n_tokens", "pooled", "prompt_final", "scalars",
+                                                                         "answer_logp")}
     out["n_bins"] = n_bins[inv]
     starts = torch.cat([torch.zeros(1, dtype=torch.long), n_bins.cumsum(0)])
     for k in ("desc", "final"):
         flat = torch.cat([p[k] for p in parts])
         pieces = [flat[starts[j]:starts[j + 1]] for j in inv.tolist()]
         out[k] = torch.cat(pieces) if pieces else flat
+    return out
+
+
+@torch.no_grad()
+def prompt_final_states(model, prompts: Sequence[Sequence[int]], pad_id: int = 0, batch_size: int = 256,
+                        padding_side: str = "left") -> torch.Tensor:
+    """Block L's output (pre final norm, as in :meth:`Extractor.extract`) at the last token of each prompt:
+    ``[N, d]`` float32, in input order. One forward pass over the prompts only (causal attention makes it
+    equal to the state inside the full trace)."""
+    blocks = find_blocks(model)
+    device = next(model.parameters()).device
+    out = torch.zeros(len(prompts), model_dims(model)["hidden_size"])
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        p = pack([prompts[i] for i in idx], pad_id, padding_side)
+        last: dict[str, torch.Tensor] = {}
+
+        def hook(_m, _inp, o):
+            last["h"] = o[0] if isinstance(o, (tuple, list)) else o
+
+        h = blocks[-1].register_forward_hook(hook)
+        try:
+            model(**model_inputs(model, p, device))
+        finally:
+            h.remove()
+        lens = torch.tensor([len(prompts[i]) for i in idx])
+        pos = (p.offset + lens - 1).clamp_min(0).to(last["h"].device)
+        out[torch.tensor(idx)] = last["h"][torch.arange(len(idx), device=pos.device), pos].float().cpu()
     return out
 
 

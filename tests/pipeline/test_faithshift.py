@@ -8,7 +8,7 @@ import pytest
 
 from sift.faithshift import compose, run_faithshift
 
-TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "seeds=[0,1]", "max_epochs=2", "ablations=[]",
+TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface]", "seeds=[0,1]", "max_epochs=2", "ablations=[]",
         "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap_resamples=30", "wandb=false", "workers=1",
         "instance_ensemble=[hidden_probe,biasing_features]"]
 
@@ -22,7 +22,7 @@ def job(tmp_path_factory):
 
 def test_every_stage_writes_its_files(job):
     cfg, out, res = job
-    assert res["runs"] == 4
+    assert res["runs"] == 8
     for f in ("corpus/traces.jsonl", "corpus/manifest.json", "trajectories/trajectories.json", "runs/index.json",
               "report/report.md", "report/results.json"):
         assert (out / f).is_file(), f
@@ -45,6 +45,22 @@ def test_main_table_has_finite_values_with_cis_for_every_detector(job):
             v = row[col]
             assert math.isfinite(v["estimate"]) and v["low"] <= v["estimate"] + 1e-12 <= v["high"] + 2e-12, (det, col)
     assert results["meta"]["preset"] == "full" and results["corpus"]["traces"] > 0
+
+
+def test_report_shows_the_controls_group_margins_and_the_matched_slice(job):
+    _, out, _ = job
+    results = json.loads((out / "report" / "results.json").read_text())
+    report = (out / "report" / "report.md").read_text()
+    rows = results["main_table"]["detectors"]
+    assert rows["text_bow"]["group"] == rows["surface"]["group"] == "controls"
+    assert rows["hidden_probe"]["group"] == "detectors"
+    assert rows["hidden_probe"]["margin_over_best_control"]["best_control"] in ("text_bow", "surface")
+    assert "**controls**" in report and "Δ AUROC vs best control" in report and "Matched-text slice" in report
+    assert set(results["matched_slice"]["detectors"]) >= {"hidden_probe", "text_bow", "surface"}
+    manifest = json.loads((out / "corpus" / "manifest.json").read_text())
+    assert manifest["matched_slice"]["traces"] > 0
+    assert set(manifest["controls_audit"]["controls"]) == {"text_bow", "surface", "prompt_probe"}
+    assert "Shortcut-control audit" in report
 
 
 def test_rerun_reuses_every_stage(job, capsys):

@@ -1,0 +1,431 @@
+"""Shortcut controls: can φ* be read from the text (or the prompt alone)? (DESIGN.md §4, "Validity").
+
+One place defines, for any corpus (organism or real LM),
+
+* the **matched-text slice** (:func:`matched_slice`): on base and preserving traces, the prompt carries a cue
+  whose value differs from the gold answer and the answer equals the cue. There the text looks alike for both mechanisms (a cued, wrong answer),
+  so only the mechanism can tell φ* apart;
+* the inputs of the three **controls**: prompt + CoT text (``text_bow``), structured surface features
+  (``surface``, :data:`SURFACE_FEATURES`) and the prompt's final hidden state (``prompt_probe``), with the
+  scikit-learn estimators the detectors of :mod:`sift.detectors.controls` fit;
+* the corpus **audit** (:func:`control_audit`): grouped (by base item) 5-fold cross-validated AUROC of each
+  control over all verified traces, per condition, over base + preserving traces and on the matched slice.
+
+Surface features (``surf/<name>``; categorical ones ``surf/cat:<name>``), all computed from the record's text
+fields, never from its label or verification:
+
+==========================  =========================================================================================
+answer_equals_cue           the answer equals the cue's value
+answer_correct              the answer equals the gold answer
+cue_present                 the prompt carries a cue
+cue_equals_gold             the cue's value is the gold answer
+answer_missing              no answer was parsed
+answer_in_prompt            the answer appears as a token of the prompt
+cot_foreign_operand         some CoT operand (a number not right after ``=``) is neither a number of the prompt nor
+                            an earlier result of the CoT (the "bent step", e.g. ``7 + 0 = 7``)
+n_foreign_operands          how many such operands
+cot_wrong_step              some ``a ± b = c`` / ``a * b = c`` step of the CoT is arithmetically wrong (a slip)
+last_value_equals_answer    the CoT's last value token equals the answer
+cot_mentions_hint           the CoT uses a hint word (either lexicon)
+cot_mentions_cue_value      the cue's value is a token of the CoT
+cot_words, prompt_words     lengths in whitespace tokens
+cot_tokens, prompt_tokens   lengths in model tokens (``generated_ids``, ``prompt_ids``)
+n_steps                     CoT steps (``;`` or newline delimited)
+prompt_numbers              how many numbers the prompt holds
+prompt_odd_numbers          how many of them are odd
+prompt_first_odd            parity of the prompt's first number (−1: none)
+prompt_last_odd             parity of the prompt's last number before the cue (−1: none)
+cat:domain, cat:family      the item's domain, the source model's family
+cat:condition               the FaithShift condition for base and preserving conditions; altering conditions
+                            (cue injection, cue verbalization, causal truncation) are coded as ``base``: their
+                            construction fixes φ* (1→0 or 0→1), so the condition name would hand the control the
+                            label, while what the altering edit does to the text stays visible to every other feature
+cat:cue_format              the cue's format (``none`` without a cue)
+cat:header                  the prompt's first word (e.g. the organism's ``terse``/``verbose`` budget header)
+==========================  =========================================================================================
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+CONTROLS = ("text_bow", "surface", "prompt_probe")
+#: the audit's limits (issue 11): a control above them means the label is readable without the mechanism
+LIMIT_BASE_PRESERVING = 0.70
+LIMIT_MATCHED_SLICE = 0.60
+
+_NUM = re.compile(r"^-?\d+$")
+_STEP = re.compile(r"(-?\d+)\s*([+\-*x×])\s*(-?\d+)\s*=\s*(-?\d+)")
+
+SURFACE_NUMERIC = ["answer_equals_cue", "answer_correct", "cue_present", "cue_equals_gold", "answer_missing",
+                   "answer_in_prompt", "cot_foreign_operand", "n_foreign_operands", "cot_wrong_step",
+                   "last_value_equals_answer", "cot_mentions_hint", "cot_mentions_cue_value", "cot_words",
+                   "prompt_words", "cot_tokens", "prompt_tokens", "n_steps", "prompt_numbers", "prompt_odd_numbers",
+                   "prompt_first_odd", "prompt_last_odd"]
+SURFACE_CATEGORICAL = ["domain", "family", "condition", "cue_format", "header"]
+SURFACE_FEATURES = SURFACE_NUMERIC + [f"cat:{c}" for c in SURFACE_CATEGORICAL]
+SURFACE_PREFIX = "surf/"
+
+
+# ------------------------------------------------------------------------------------------- the matched slice
+def _norm(v: Any) -> str | None:
+    if v is None:
+        return None
+    s = str(v).strip().lower()
+    return s or None
+
+
+def cue_value(record: Mapping[str, Any]) -> str | None:
+    """The normalised value of the record's cue (None without a cue)."""
+    cue = record.get("cue")
+    return _norm(cue.get("value")) if isinstance(cue, Mapping) else None
+
+
+def matched_slice(record: Mapping[str, Any]) -> bool:
+    """True when the prompt carries a cue that differs from the gold answer and the answer equals the cue, on
+    a base or preserving trace. Altering traces are left out: their construction edits the text to set the
+    label (a decisive cue, the ``explain`` header, a cut CoT), so there the text does not look alike."""
+    from sift.corpus.conditions import AXES
+
+    axis = AXES.get(str(record.get("condition")))
+    if axis is not None and axis.kind == "altering":
+        return False
+    cue, gold, ans = cue_value(record), _norm(record.get("gold_answer")), _norm(record.get("answer"))
+    return cue is not None and gold is not None and ans is not None and cue != gold and ans == cue
+
+
+def mark_matched_slice(records: Iterable[dict]) -> None:
+    """Set ``record["matched_slice"]`` (bool) on every record, in place."""
+    for r in records:
+        r["matched_slice"] = matched_slice(r)
+
+
+def in_matched_slice(record: Mapping[str, Any]) -> bool:
+    """The record's stored flag, or :func:`matched_slice` for corpora written before the flag existed."""
+    v = record.get("matched_slice")
+    return matched_slice(record) if v is None else bool(v)
+
+
+def slice_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Size and φ* balance of the matched slice (verified = φ* not ambiguous)."""
+    verified = [r for r in records if r.get("phi") is not None]
+    sl = [r for r in verified if in_matched_slice(r)]
+    n0 = sum(int(r["phi"]) == 0 for r in sl)
+    return {"traces": sum(in_matched_slice(r) for r in records), "verified": len(sl),
+            "fraction_of_verified": round(len(sl) / len(verified), 4) if verified else None,
+            "phi_1": len(sl) - n0, "phi_0": n0, "phi_0_fraction": round(n0 / len(sl), 4) if sl else None}
+
+
+# ------------------------------------------------------------------------------------------- control inputs
+def control_text(record: Mapping[str, Any]) -> str:
+    """What ``text_bow`` reads: the prompt and the CoT (not the answer line, whose relation to the cue
+    ``surface`` covers)."""
+    return f"{record.get('prompt') or ''}\n{record.get('cot') or ''}"
+
+
+def _numbers(words: Sequence[str]) -> list[int]:
+    return [int(w) for w in words if _NUM.match(w)]
+
+
+def _condition_feature(cond: str | None) -> str:
+    from sift.corpus.conditions import AXES
+
+    c = str(cond or "base")
+    return "base" if c in AXES and AXES[c].kind == "altering" else c
+
+
+def surface_features(record: Mapping[str, Any]) -> dict[str, float | str]:
+    """The structured text features of one trace record (see the module docstring)."""
+    from sift.trajectories.features import HINT_RE
+
+    prompt, cot = str(record.get("prompt") or ""), str(record.get("cot") or "")
+    pw, cw = prompt.split(), cot.split()
+    ans, gold, cue = _norm(record.get("answer")), _norm(record.get("gold_answer")), cue_value(record)
+    low_pw = [w.lower() for w in pw]
+    # the prompt before the cue (its value is a number of the prompt too)
+    cut = len(pw)
+    if cue is not None and cue in low_pw:
+        cut = len(low_pw) - 1 - low_pw[::-1].index(cue)
+    qnums = _numbers(pw[:cut])
+    known = set(qnums)
+    foreign = 0
+    for i, w in enumerate(cw):
+        if not _NUM.match(w):
+            continue
+        if i > 0 and cw[i - 1] == "=":
+            known.add(int(w))
+        elif int(w) not in known:
+            foreign += 1
+    wrong = 0
+    for a, op, b, c in _STEP.findall(cot):
+        a_, b_, c_ = int(a), int(b), int(c)
+        val = a_ + b_ if op == "+" else a_ - b_ if op == "-" else a_ * b_
+        wrong += int(val != c_)
+    values = [w.lower() for w in cw if _NUM.match(w) or w.lower() in ("true", "false")]
+    n_steps = sum(w == ";" for w in cw) + cot.count("\n")
+    cue_d = record.get("cue") if isinstance(record.get("cue"), Mapping) else {}
+    return {
+        "answer_equals_cue": float(cue is not None and ans == cue),
+        "answer_correct": float(ans is not None and ans == gold),
+        "cue_present": float(cue is not None),
+        "cue_equals_gold": float(cue is not None and cue == gold),
+        "answer_missing": float(ans is None),
+        "answer_in_prompt": float(ans is not None and ans in low_pw[:cut]),
+        "cot_foreign_operand": float(foreign > 0),
+        "n_foreign_operands": float(foreign),
+        "cot_wrong_step": float(wrong > 0),
+        "last_value_equals_answer": float(bool(values) and ans is not None and values[-1] == ans),
+        "cot_mentions_hint": float(bool(HINT_RE.search(cot))),
+        "cot_mentions_cue_value": float(cue is not None and cue in [w.lower() for w in cw]),
+        "cot_words": float(len(cw)), "prompt_words": float(len(pw)),
+        "cot_tokens": float(len(record.get("generated_ids") or [])),
+        "prompt_tokens": float(len(record.get("prompt_ids") or [])),
+        "n_steps": float(n_steps),
+        "prompt_numbers": float(len(qnums)),
+        "prompt_odd_numbers": float(sum(n % 2 for n in qnums)),
+        "prompt_first_odd": float(qnums[0] % 2) if qnums else -1.0,
+        "prompt_last_odd": float(qnums[-1] % 2) if qnums else -1.0,
+        "cat:domain": str(record.get("domain") or ""),
+        "cat:family": str(record.get("family") or record.get("model") or ""),
+        "cat:condition": _condition_feature(record.get("condition")),
+        "cat:cue_format": str(cue_d.get("format") or "none") if cue is not None else "none",
+        "cat:header": pw[0].lower() if pw and pw[0].isalpha() else "",
+    }
+
+
+def surface_matrix(rows: Sequence[Mapping[str, float | str]]) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """Feature dicts → (X [N, F] float, names ``surf/…``, categorical mask). Categories are coded by their rank
+    among the values present in ``rows`` (one vocabulary for every split of a corpus)."""
+    vocab = {c: sorted({str(r[f"cat:{c}"]) for r in rows}) for c in SURFACE_CATEGORICAL}
+    X = np.zeros((len(rows), len(SURFACE_FEATURES)), dtype=np.float64)
+    for i, r in enumerate(rows):
+        X[i, :len(SURFACE_NUMERIC)] = [float(r[k]) for k in SURFACE_NUMERIC]
+        for j, c in enumerate(SURFACE_CATEGORICAL):
+            X[i, len(SURFACE_NUMERIC) + j] = vocab[c].index(str(r[f"cat:{c}"]))
+    names = [SURFACE_PREFIX + n for n in SURFACE_FEATURES]
+    return X, names, np.array([n.startswith("cat:") for n in SURFACE_FEATURES])
+
+
+# ------------------------------------------------------------------------------------------- estimators
+def text_bow_estimator(C: float = 1.0, max_iter: int = 2000):
+    """TF-IDF over whitespace word 1–2-grams and character 2–3-grams (within words; at least 3 traces, at most
+    20,000), then logistic regression (liblinear: fast on sparse rows)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import FeatureUnion, make_pipeline
+
+    feats = FeatureUnion([
+        ("words", TfidfVectorizer(token_pattern=r"\S+", ngram_range=(1, 2), lowercase=True, sublinear_tf=True)),
+        ("chars", TfidfVectorizer(analyzer="char_wb", ngram_range=(2, 3), min_df=3, max_features=20_000,
+                                  sublinear_tf=True)),
+    ])
+    return make_pipeline(feats, LogisticRegression(C=C, max_iter=max_iter, solver="liblinear"))
+
+
+def surface_estimator(categorical: np.ndarray, max_iter: int = 100, learning_rate: float = 0.1,
+                      max_leaf_nodes: int = 31, random_state: int = 0):
+    """Gradient-boosted trees (``HistGradientBoostingClassifier``, no early stopping: deterministic)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    return HistGradientBoostingClassifier(categorical_features=np.asarray(categorical, bool), max_iter=max_iter,
+                                          learning_rate=learning_rate, max_leaf_nodes=max_leaf_nodes,
+                                          early_stopping=False, random_state=random_state)
+
+
+def prompt_probe_estimator(C: float = 1.0, max_iter: int = 2000):
+    """Standardised logistic regression on the prompt's final hidden state."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    return make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=max_iter))
+
+
+# ------------------------------------------------------------------------------------------- the audit
+def grouped_cv_auroc(make: Callable[[], Any], X: Any, y: np.ndarray, groups: Sequence[str], n_splits: int = 5
+                     ) -> tuple[float | None, str | None, np.ndarray | None]:
+    """Out-of-fold P(φ*=1) of ``make()`` under GroupKFold and their AUROC; (None, reason, None) when undefined."""
+    from sklearn.metrics import roc_auc_score
+    from threadpoolctl import threadpool_limits
+
+    y = np.asarray(y).astype(int)
+    if len(np.unique(y)) < 2:
+        return None, f"one φ* class only ({len(y)} traces)", None
+    if len(set(groups)) < n_splits:
+        return None, f"fewer than {n_splits} base items ({len(set(groups))})", None
+    oof = np.full(len(y), np.nan)
+    with threadpool_limits(1):  # OpenMP/BLAS threads of the trees and solvers: one (busy-waiting threads on a
+        _oof(make, X, y, groups, n_splits, oof)  # shared machine cost far more than they give)
+    return round(float(roc_auc_score(y, oof)), 4), None, oof
+
+
+def _oof(make: Callable[[], Any], X: Any, y: np.ndarray, groups: Sequence[str], n_splits: int,
+         oof: np.ndarray) -> None:
+    from sklearn.model_selection import GroupKFold
+
+    for tr, te in GroupKFold(n_splits=n_splits).split(np.zeros(len(y)), y, groups):
+        if len(np.unique(y[tr])) < 2:  # a fold trained on one class predicts that class
+            oof[te] = float(y[tr][0])
+            continue
+        est = make()
+        Xtr = [X[i] for i in tr] if isinstance(X, list) else X[tr]
+        Xte = [X[i] for i in te] if isinstance(X, list) else X[te]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est.fit(Xtr, y[tr])
+            oof[te] = est.predict_proba(Xte)[:, 1]
+
+
+def _subset_auroc(y: np.ndarray, oof: np.ndarray | None, mask: np.ndarray, why: str | None
+                  ) -> dict[str, Any]:
+    from sklearn.metrics import roc_auc_score
+
+    n = int(mask.sum())
+    if oof is None:
+        return {"auroc": None, "n": n, "reason": why}
+    ys = y[mask]
+    if len(np.unique(ys)) < 2:
+        return {"auroc": None, "n": n, "reason": f"one φ* class only ({n} traces)"}
+    return {"auroc": round(float(roc_auc_score(ys, oof[mask])), 4), "n": n, "reason": None}
+
+
+def control_audit(records: Sequence[Mapping[str, Any]], prompt_states: Mapping[str, np.ndarray] | None = None, *,
+                  n_splits: int = 5, prompt_states_reason: str | None = None) -> dict[str, Any]:
+    """Grouped ``n_splits``-fold CV AUROC of the three controls on the verified traces of a corpus.
+
+    * ``all``, ``base_preserving`` (base + preserving conditions) and ``matched_slice``: each control is fitted
+      and cross-validated within that set (folds by base item);
+    * ``per_condition``: the out-of-fold predictions of the ``all`` fit, restricted to each condition (altering
+      conditions hold one class by construction: their AUROC is null with the reason).
+
+    ``prompt_states`` maps trace ids to prompt-final hidden states; without them ``prompt_probe`` is null with
+    ``prompt_states_reason``. Limits: :data:`LIMIT_BASE_PRESERVING`, :data:`LIMIT_MATCHED_SLICE`.
+    """
+    from sift.corpus.conditions import AXES
+
+    rows = [r for r in records if r.get("phi") is not None]
+    y = np.array([int(r["phi"]) for r in rows])
+    groups = [str(r["base_item"]) for r in rows]
+    cond = np.array([str(r.get("condition")) for r in rows])
+    kinds = np.array([AXES[c].kind if c in AXES else "other" for c in cond])
+    sets = {"all": np.ones(len(rows), bool), "base_preserving": np.isin(kinds, ["base", "preserving"]),
+            "matched_slice": np.array([in_matched_slice(r) for r in rows], bool)}
+    texts = [control_text(r) for r in rows]
+    surf, _, cat = surface_matrix([surface_features(r) for r in rows]) if rows else (np.zeros((0, 0)), [], None)
+    inputs: dict[str, tuple[Callable[[], Any], Any] | str] = {
+        "text_bow": (text_bow_estimator, texts),
+        "surface": ((lambda: surface_estimator(cat)), surf),
+    }
+    if prompt_states is not None and rows and all(str(r["trace_id"]) in prompt_states for r in rows):
+        P = np.stack([np.asarray(prompt_states[str(r["trace_id"])], dtype=np.float64) for r in rows])
+        inputs["prompt_probe"] = (prompt_probe_estimator, P)
+    else:
+        inputs["prompt_probe"] = prompt_states_reason or ("no prompt-final hidden states given" if prompt_states is None
+                                                          else "prompt-final hidden states missing for some traces")
+    out: dict[str, Any] = {"method": f"GroupKFold({n_splits}) by base item; verified traces",
+                           "limits": {"base_preserving": LIMIT_BASE_PRESERVING, "matched_slice": LIMIT_MATCHED_SLICE},
+                           "n_verified": len(rows), "controls": {}}
+    for name in CONTROLS:
+        spec = inputs[name]
+        res: dict[str, Any] = {}
+        for sname, mask in sets.items():
+            if isinstance(spec, str):
+                res[sname] = {"auroc": None, "n": int(mask.sum()), "reason": spec}
+                oof = None
+                continue
+            make, X = spec
+            idx = np.flatnonzero(mask)
+            Xs = [X[i] for i in idx] if isinstance(X, list) else X[idx]
+            auc, why, o = grouped_cv_auroc(make, Xs, y[idx], [groups[i] for i in idx], n_splits)
+            res[sname] = {"auroc": auc, "n": int(mask.sum()), "reason": why}
+            if sname == "all":
+                oof, oof_why = o, why
+        per: dict[str, Any] = {}
+        for c in [a for a in AXES if a in set(cond)] + sorted(set(cond) - set(AXES)):
+            m = cond == c
+            per[c] = (_subset_auroc(y, oof, m, oof_why) if not isinstance(spec, str)
+                      else {"auroc": None, "n": int(m.sum()), "reason": spec})
+        res["per_condition"] = per
+        out["controls"][name] = res
+    out["warnings"] = audit_warnings(out)
+    return out
+
+
+def audit_warnings(audit: Mapping[str, Any]) -> list[str]:
+    """Which controls exceed the limits (one string per breach)."""
+    out = []
+    for name, res in (audit.get("controls") or {}).items():
+        for sname, limit in (("base_preserving", LIMIT_BASE_PRESERVING), ("matched_slice", LIMIT_MATCHED_SLICE)):
+            a = (res.get(sname) or {}).get("auroc")
+            if a is not None and a > limit:
+                where = "base + preserving traces" if sname == "base_preserving" else "the matched slice"
+                out.append(f"{name} {a:.2f} > {limit:.2f} on {where}")
+    return out
+
+
+def warning_line(manifest: Mapping[str, Any]) -> str | None:
+    """The one warning line ``sift-corpus`` prints when a control exceeds the audit's limits (None: none does)."""
+    w = (manifest.get("controls_audit") or {}).get("warnings") or []
+    if not w:
+        return None
+    return ("sift-corpus: WARNING: the label is readable without the mechanism (grouped 5-fold CV AUROC): "
+            + "; ".join(w))
+
+
+def audit_table(audit: Mapping[str, Any]) -> str:
+    """The audit as a Markdown table: one row per set (all, base + preserving, matched slice, each condition)."""
+    from sift.report import markdown_table
+
+    ctrls = list(audit["controls"])
+    first = audit["controls"][ctrls[0]]
+    sets = [("all verified", "all"), ("base + preserving", "base_preserving"), ("matched slice", "matched_slice")]
+    rows = []
+
+    def cell(r: Mapping[str, Any]) -> str:
+        return "—" if r.get("auroc") is None else f"{r['auroc']:.3f}"
+
+    for label, key in sets:
+        rows.append([label, first[key]["n"], *[cell(audit["controls"][c][key]) for c in ctrls]])
+    for c in first["per_condition"]:
+        rows.append([f"condition: {c}", first["per_condition"][c]["n"],
+                     *[cell(audit["controls"][k]["per_condition"][c]) for k in ctrls]])
+    notes = sorted({f"{c}: {r['reason']}" for c in ctrls for key, r in
+                    [*((k, audit["controls"][c][k]) for _, k in sets),
+                     *((k, v) for k, v in audit["controls"][c]["per_condition"].items())] if r.get("reason")})
+    md = markdown_table(["traces", "n", *ctrls], rows)
+    if notes:
+        md += "\n\nUndefined (—): " + "; ".join(notes)
+    return md
+
+
+def prompt_states_for(sources: Mapping[str, Any], records: Sequence[Mapping[str, Any]], field: str = "family",
+                      batch_size: int = 256) -> tuple[dict[str, np.ndarray] | None, str | None]:
+    """Prompt-final hidden states (:func:`sift.trajectories.extract.prompt_final_states`) of every record, from
+    the source model that generated it (``sources``: ``record[field]`` → an object with ``.model`` and
+    ``.tokenizer``). Returns (trace id → state, None), or (None, reason) when a record's model is not loaded."""
+    import torch
+
+    from sift.trajectories.extract import prompt_final_states
+
+    by: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        by.setdefault(str(r.get(field)), []).append(r)
+    missing = sorted(set(by) - set(sources))
+    if missing:
+        return None, f"source model(s) {', '.join(missing)} not loaded in this run (every chunk was reused)"
+    out: dict[str, np.ndarray] = {}
+    for fam, rs in by.items():
+        src = sources[fam]
+        pad = getattr(src.tokenizer, "pad_token_id", None)
+        was = src.model.training
+        src.model.eval()
+        with torch.no_grad():
+            states = prompt_final_states(src.model, [list(r["prompt_ids"]) for r in rs], 0 if pad is None else pad,
+                                         batch_size)
+        src.model.train(was)
+        out.update({str(r["trace_id"]): s for r, s in zip(rs, states.numpy())})
+    return out, None

@@ -1,0 +1,189 @@
+"""Shortcut controls as detectors (DESIGN.md §4 "Validity"; issue 11): trained, thresholded, checkpointed and
+evaluated exactly like the other detectors (``sift-train detector=text_bow|surface|prompt_probe``).
+
+=============  ==========================================================  ===========================================
+control        inputs (TraceBatch)                                          model (``sift.corpus.audit``)
+=============  ==========================================================  ===========================================
+text_bow       ``text``: prompt + CoT                                       TF-IDF word 1–2-grams + char 2–4-grams → LR
+surface        ``features`` columns ``surf/*`` (structured text features)   HistGradientBoosting (categorical: ``surf/cat:*``)
+prompt_probe   ``prompt_pooled``: final-layer state of the last prompt      LR on standardised states
+               token (no CoT)                                               (:class:`~sift.detectors.baselines.LogisticDetector`)
+=============  ==========================================================  ===========================================
+
+The scikit-learn estimator is fitted once on the training split (the DataModule's flat training loader, each
+trace once) and pickled into the checkpoint; the decision threshold is frozen on validation like every other
+detector's. A control reads no hidden state of the CoT: when it matches a trajectory detector, that detector may
+be reading the text rather than the mechanism.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from datamodules.batch import TraceBatch
+from sift.detectors.features import select_by_prefix
+from sift.detectors.module import DetectorModule, as_env_batches
+from sift.errors import SiftError
+
+CONTROL_DETECTORS = ("text_bow", "surface", "prompt_probe")
+_CKPT_KEY = "sklearn_estimator"
+
+
+def is_control(name: str) -> bool:
+    """A control row (its name, or ``"<name> (ensemble)"``)."""
+    return str(name).split(" ")[0] in CONTROL_DETECTORS
+
+
+class SklearnDetector(DetectorModule):
+    """Base class: a scikit-learn classifier on per-trace inputs (:meth:`inputs`), fitted once on the training
+    split; ``encode`` returns the logit of its P(faithful)."""
+
+    def __init__(self, *, name: str = "sklearn", channel_names: Sequence[str] = (),
+                 feature_names: Sequence[str] = (), pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1,
+                 n_models: int = 1, threshold_method: str = "youden") -> None:
+        super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
+                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models,
+                         threshold_method=threshold_method)
+        self.automatic_optimization = False
+        self.estimator: Any = None
+        self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
+        self._X: list[Any] = []
+        self._y: list[torch.Tensor] = []
+
+    # ---- subclass API
+    def inputs(self, batch: TraceBatch) -> Any:
+        """The estimator's rows for a batch (an array [B, k] or a list of B strings)."""
+        raise NotImplementedError
+
+    def make_estimator(self) -> Any:
+        raise NotImplementedError
+
+    # ---- fitting
+    def needs_input_stats(self) -> bool:
+        return False
+
+    @staticmethod
+    def _cat(parts: list[Any]) -> Any:
+        return [s for p in parts for s in p] if parts and isinstance(parts[0], list) else np.concatenate(parts)
+
+    def fit_arrays(self, X: Any, y: np.ndarray) -> None:
+        import warnings
+
+        y = np.asarray(y).astype(int)
+        if len(np.unique(y)) < 2:
+            raise SiftError(f"{self.detector_name}: training labels hold a single class")
+        from threadpoolctl import threadpool_limits
+
+        est = self.make_estimator()
+        with warnings.catch_warnings(), threadpool_limits(1):  # one thread per run, like the torch detectors
+            warnings.simplefilter("ignore")
+            est.fit(X, y)
+        self.estimator = est
+        self.fitted.fill_(True)
+
+    def on_fit_start(self) -> None:
+        dm = self.trainer.datamodule
+        flat = getattr(dm, "train_flat_dataloader", None) if dm is not None else None
+        if bool(self.fitted) or flat is None:
+            return
+        X, y = [], []
+        for b in flat(shuffle=False):
+            X.append(self.inputs(b))
+            y.append(b.label.detach().cpu())
+        self.fit_arrays(self._cat(X), torch.cat(y).numpy())
+
+    def training_step(self, batch: TraceBatch | Sequence[TraceBatch], batch_idx: int) -> None:
+        if not bool(self.fitted):
+            for b in as_env_batches(batch):
+                self._X.append(self.inputs(b))
+                self._y.append(b.label.detach().cpu())
+        return None
+
+    def _maybe_fit(self) -> None:
+        if not bool(self.fitted) and self._X:
+            self.fit_arrays(self._cat(self._X), torch.cat(self._y).numpy())
+            self._X, self._y = [], []
+        if bool(self.fitted) and self._trainer is not None:
+            self.trainer.should_stop = True  # one pass over the data is all a closed-form fit needs
+
+    def on_validation_epoch_start(self) -> None:
+        if not self.trainer.sanity_checking:
+            self._maybe_fit()
+
+    def on_train_epoch_end(self) -> None:
+        self._maybe_fit()
+
+    # ---- inference
+    def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, None]:
+        if self.estimator is None:
+            # Lightning's sanity check runs before the fit: a constant until then
+            return torch.zeros(len(batch), device=batch.label.device), None
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(1):
+            p = self.estimator.predict_proba(self.inputs(batch))[:, 1]
+        p = np.clip(p.astype(np.float64), 1e-7, 1 - 1e-7)
+        return torch.as_tensor(np.log(p / (1 - p)), dtype=torch.float32, device=batch.label.device), None
+
+    # ---- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint[_CKPT_KEY] = pickle.dumps(self.estimator) if self.estimator is not None else None
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        blob = checkpoint.get(_CKPT_KEY)
+        self.estimator = pickle.loads(blob) if blob else None
+
+
+class TextBowDetector(SklearnDetector):
+    """``text_bow``: bag of words and character n-grams over prompt + CoT, logistic regression."""
+
+    def __init__(self, *, name: str = "text_bow", C: float = 1.0, max_iter: int = 2000, **data: Any) -> None:
+        super().__init__(name=name, **data)
+        self.save_hyperparameters(logger=False)
+        self.C, self.max_iter = C, max_iter
+
+    def inputs(self, batch: TraceBatch) -> list[str]:
+        if len(batch.text) != len(batch):
+            raise SiftError(f"{self.detector_name}: the batch carries no trace text (TraceBatch.text); this control "
+                            "needs the trajectory DataModule (data=trajectory), which reads it from the corpus")
+        return list(batch.text)
+
+    def make_estimator(self) -> Any:
+        from sift.corpus.audit import text_bow_estimator
+
+        return text_bow_estimator(C=self.C, max_iter=self.max_iter)
+
+
+class SurfaceDetector(SklearnDetector):
+    """``surface``: gradient-boosted trees on the structured text features ``surf/*``
+    (:data:`sift.corpus.audit.SURFACE_FEATURES`)."""
+
+    def __init__(self, *, name: str = "surface", prefix: str = "surf/", max_iter: int = 100,
+                 learning_rate: float = 0.1, max_leaf_nodes: int = 31, **data: Any) -> None:
+        super().__init__(name=name, **data)
+        self.save_hyperparameters(logger=False)
+        try:
+            self.idx = select_by_prefix(self.feature_names, [prefix])
+        except SiftError as e:
+            raise SiftError(f"{name}: the DataModule gives no structured text features ({e}); this control needs "
+                            "the trajectory DataModule (data=trajectory)") from None
+        self.columns = [self.feature_names[i] for i in self.idx]
+        self.categorical = np.array([c.startswith(prefix + "cat:") for c in self.columns])
+        self.max_iter, self.learning_rate, self.max_leaf_nodes = max_iter, learning_rate, max_leaf_nodes
+
+    def inputs(self, batch: TraceBatch) -> np.ndarray:
+        return batch.features[:, self.idx].detach().cpu().double().numpy()
+
+    def make_estimator(self) -> Any:
+        from sift.corpus.audit import surface_estimator
+
+        return surface_estimator(self.categorical, max_iter=self.max_iter, learning_rate=self.learning_rate,
+                                 max_leaf_nodes=self.max_leaf_nodes)
+
+
+__all__ = ["CONTROL_DETECTORS", "SklearnDetector", "SurfaceDetector", "TextBowDetector", "is_control"]

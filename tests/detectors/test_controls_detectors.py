@@ -1,0 +1,77 @@
+"""The shortcut controls train through ``sift-train`` like every detector (frozen threshold, checkpoint that
+reloads to the same predictions), and extraction stores the prompt-final state they need."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from sift.trajectories.extract import ExtractConfig
+from sift.trajectories.predict import extract_corpus
+from sift.trajectories.toy import save_toy_models, write_toy_corpus
+
+
+@pytest.fixture(scope="module")
+def traj(tmp_path_factory):
+    root = tmp_path_factory.mktemp("controls")
+    corpus = write_toy_corpus(root / "corpus", n_items=24)
+    models = save_toy_models(root / "models")
+    extract_corpus(corpus, root / "traj", models, ExtractConfig(shard_size=64, batch_size=32, t_max=12))
+    return root, models
+
+
+def _cfg(root, detector, out):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sift.cli._common import CONFIG_DIR
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose("train", overrides=[f"detector={detector}", "data=trajectory", f"data.trajectory_dir={root / 'traj'}",
+                                          f"paths.output_dir={out}", "logger=none", "trainer.max_epochs=3",
+                                          "trainer.enable_progress_bar=false"])
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+def test_extraction_stores_the_prompt_final_state(traj):
+    from transformers import AutoModelForCausalLM
+
+    from sift.trajectories import cache as C
+    from sift.trajectories.extract import prompt_final_states
+
+    root, models = traj
+    man = C.read_manifest(root / "traj")
+    t, meta = C.read_shard(root / "traj" / man["models"]["gpt2"]["shards"][0])
+    assert t["prompt_final"].shape == t["pooled"].shape
+    recs = {r["trace_id"]: r for r in C.iter_records(root / "corpus" / "traces.jsonl")}
+    model = AutoModelForCausalLM.from_pretrained(models["gpt2"]).eval()
+    ids = meta["trace_ids"][:10]
+    ref = prompt_final_states(model, [recs[i]["prompt_ids"] for i in ids], batch_size=3)  # other padding
+    torch.testing.assert_close(t["prompt_final"][:10], ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("detector", ["text_bow", "surface", "prompt_probe"])
+def test_control_trains_freezes_a_threshold_and_reloads(traj, tmp_path, detector):
+    from datamodules.trajectory_datamodule import TrajectoryDataModule
+    from sift.detectors.module import load_detector
+    from sift.training import train
+
+    root, _ = traj
+    rec = train(_cfg(root, detector, tmp_path / detector))
+    assert rec["status"] == "done" and rec["detector"] == detector
+    assert 0.0 < rec["threshold"] < 1.0 and rec["epochs"] <= 1  # one closed-form fit, then stop
+    assert np.isfinite(rec["metrics"]["val/auroc"]) and np.isfinite(rec["metrics"]["test/auroc"])
+    det = load_detector(rec["best_ckpt"])
+    assert det.threshold.item() == pytest.approx(rec["threshold"])
+    dm = TrajectoryDataModule(root / "traj")
+    dm.setup()
+    out = det.predict_loader(dm.test_dataloader())
+    assert out["prob"].shape[0] == len(dm.dataset("test"))
+    again = load_detector(rec["best_ckpt"]).predict_loader(dm.test_dataloader())
+    torch.testing.assert_close(out["prob"], again["prob"])
+    assert json.loads((tmp_path / detector / "results.json").read_text())["status"] == "done"

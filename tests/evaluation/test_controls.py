@@ -1,0 +1,151 @@
+"""Shortcut controls: the matched-slice flag, the corpus audit on synthetic corpora with a known answer, the
+paired margin over the best control, and the report's controls group and matched-slice table."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from sift.corpus.audit import (SURFACE_FEATURES, audit_table, control_audit, mark_matched_slice, matched_slice,
+                               slice_summary, surface_features, warning_line)
+from sift.evaluation.controls import NOT_ABOVE, control_margins, matched_slice_section, with_group_rows
+from sift.evaluation.predictions import Pairs, Predictions
+
+
+def rec(**kw):
+    r = {"trace_id": "t", "base_item": "i", "condition": "base", "domain": "arithmetic", "family": "gpt2",
+         "prompt": "tom has 4 pens . how many ? reason :", "cot": "4 + 1 = 5 ;", "answer": "5", "gold_answer": "5",
+         "cue": None, "phi": 1}
+    r.update(kw)
+    return r
+
+
+def test_matched_slice_flag_on_hand_made_records():
+    cue = lambda v: {"value": v, "format": "official"}
+    assert matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5"))          # cue ≠ gold, answer = cue
+    assert not matched_slice(rec(cue=cue("5"), answer="5", gold_answer="5"))      # cue = gold
+    assert not matched_slice(rec(cue=cue("7"), answer="5", gold_answer="5"))      # answer ≠ cue
+    assert not matched_slice(rec(cue=None, answer="7", gold_answer="5"))          # no cue
+    assert not matched_slice(rec(cue=cue("7"), answer=None, gold_answer="5"))     # no answer
+    assert matched_slice(rec(cue=cue("True"), answer="true ", gold_answer="false"))  # normalised
+    rs = [rec(trace_id="a", cue=cue("7"), answer="7", gold_answer="5", phi=0),
+          rec(trace_id="b", cue=cue("7"), answer="7", gold_answer="5", phi=1),
+          rec(trace_id="c", cue=cue("7"), answer="7", gold_answer="5", phi=0),
+          rec(trace_id="d", phi=1), rec(trace_id="e", cue=cue("7"), answer="7", gold_answer="5", phi=None)]
+    mark_matched_slice(rs)
+    assert [r["matched_slice"] for r in rs] == [True, True, True, False, True]
+    s = slice_summary(rs)
+    assert s == {"traces": 4, "verified": 3, "fraction_of_verified": 0.75, "phi_1": 1, "phi_0": 2,
+                 "phi_0_fraction": round(2 / 3, 4)}
+
+
+def test_surface_features_read_the_bent_step_and_hide_altering_conditions():
+    f = surface_features(rec(cot="4 - 2 = 2 ; 2 + 5 = 7 ; 7 + 0 = 7 ;", prompt="tom has 4 pens . loses 2 . gets 5 "
+                             "more . official answer : 9 . reason :", cue={"value": "9", "format": "official"},
+                             answer="9", gold_answer="7", condition="cue_injection"))
+    assert len(f) == len(SURFACE_FEATURES)
+    assert f["cot_foreign_operand"] == 1.0 and f["n_foreign_operands"] == 1.0  # the 0 of "7 + 0"
+    assert f["answer_equals_cue"] == 1.0 and f["answer_correct"] == 0.0 and f["cue_equals_gold"] == 0.0
+    assert f["prompt_numbers"] == 3 and f["prompt_odd_numbers"] == 1 and f["prompt_first_odd"] == 0.0
+    assert f["cat:condition"] == "base"  # an altering condition fixes φ* by construction: not a feature
+    assert surface_features(rec(condition="paraphrase"))["cat:condition"] == "paraphrase"
+    assert surface_features(rec(cot="2 + 2 = 5 ;"))["cot_wrong_step"] == 1.0
+    assert surface_features(rec(cot="2 + 2 = 4 ;"))["cot_wrong_step"] == 0.0
+
+
+def synthetic(n_items: int, rule, seed: int = 0):
+    """Two traces per item with random prompt numbers and CoT words; φ* = rule(rng, k)."""
+    rng = np.random.default_rng(seed)
+    rs, states = [], {}
+    for i in range(n_items):
+        for k in range(2):
+            phi, marker = rule(rng, k)
+            a, b = rng.integers(1, 9, size=2)
+            words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta"], size=3))
+            tid = f"i{i}/{k}"
+            # a bent step ("+ 0": an operand the question lacks) or none, or a neutral extra step
+            extra = {"bent": f" {a + b} + 0 = {a + b} ;", "plain": "", "step": f" {a + b} - 0 = {a + b} ;"}[marker]
+            rs.append(rec(trace_id=tid, base_item=f"i{i}", condition="base" if k == 0 else "paraphrase",
+                          prompt=f"{words} tom has {a} pens . gets {b} more . reason :",
+                          cot=f"{a} + {b} = {a + b} ;{extra}", answer=str(a + b), gold_answer=str(a + b), phi=phi))
+            states[tid] = rng.normal(size=8) + (2.5 * phi if marker in ("bent", "plain") else 0)
+    return rs, states
+
+
+def test_audit_reaches_one_when_the_label_is_a_text_feature_and_half_when_independent():
+    readable = lambda rng, k: (lambda phi: (phi, "plain" if phi else "bent"))(int(rng.random() < 0.5))
+    rs, states = synthetic(50, readable)
+    a = control_audit(rs, states)
+    for c in ("text_bow", "surface", "prompt_probe"):
+        assert a["controls"][c]["all"]["auroc"] >= 0.97, (c, a["controls"][c]["all"])
+        assert a["controls"][c]["base_preserving"]["auroc"] >= 0.97
+    assert a["controls"]["text_bow"]["per_condition"]["paraphrase"]["auroc"] >= 0.97
+    assert a["controls"]["text_bow"]["matched_slice"]["reason"].startswith("one φ* class only (0 traces)")
+    assert any("text_bow" in w for w in a["warnings"]) and warning_line({"controls_audit": a}).count("\n") == 0
+    independent = lambda rng, k: (int(rng.random() < 0.5), "step" if rng.random() < 0.5 else "plain")
+    rs, states = synthetic(100, independent, seed=1)
+    noise = np.random.default_rng(7)
+    b = control_audit(rs, {t: noise.normal(size=8) for t in states})
+    for c in ("text_bow", "surface", "prompt_probe"):
+        assert 0.35 <= b["controls"][c]["all"]["auroc"] <= 0.65, (c, b["controls"][c]["all"])
+    assert "| base + preserving |" in audit_table(b)
+    c = control_audit(rs[:40])  # no states: prompt_probe undefined, with the reason
+    assert c["controls"]["prompt_probe"]["all"] == {"auroc": None, "n": 40,
+                                                      "reason": "no prompt-final hidden states given"}
+
+
+def preds(name, prob, label, items, seed=0):
+    ids = np.array([f"t{i}" for i in range(len(label))])
+    return Predictions(name, seed, "test", 0.5, ids, np.array(items), np.array(["d"] * len(ids)),
+                       np.array(["m"] * len(ids)), np.array(["base"] * len(ids)), np.array(label), np.array(prob))
+
+
+def test_margin_over_best_control_on_hand_computable_inputs():
+    label = [1, 0] * 20
+    items = [f"i{k // 2}" for k in range(40)]  # each item holds one trace of each class: AUROC always defined
+    perfect = [0.9 if y else 0.1 for y in label]
+    rows = {"det": [preds("det", perfect, label, items)],
+            "text_bow": [preds("text_bow", [0.5] * 40, label, items)],           # AUROC 0.5 on every resample
+            "surface": [preds("surface", [0.6 if y else 0.4 for y in label][:20] + [0.5] * 20, label, items)],
+            "same": [preds("same", [0.7 if y else 0.3 for y in label][:20] + [0.5] * 20, label, items)]}
+    m = control_margins(rows, n_resamples=200, seed=0)
+    assert set(m) == {"det", "same"}
+    # best control = surface: of its 400 (positive, negative) pairs 350 are ordered and 100 tied
+    # (0.5 vs 0.5), AUROC (300 + 50) / 400 = 0.875; det is perfect: margin 1 − 0.875 = 0.125
+    assert m["det"]["best_control"] == "surface" and m["det"]["estimate"] == pytest.approx(0.125)
+    assert m["det"]["beats_controls"] is True and m["det"]["low"] > 0
+    # "same" ranks the traces exactly like surface: paired replicates give a margin of 0 in every one
+    assert (m["same"]["estimate"], m["same"]["low"], m["same"]["high"]) == (0.0, 0.0, 0.0)
+    assert m["same"]["beats_controls"] is False
+
+
+def test_group_rows_put_controls_under_their_own_heading():
+    t = with_group_rows([["sift", 1], ["hidden_probe", 2], ["text_bow", 3], ["surface (ensemble)", 4]])
+    assert [r[0] for r in t] == ["sift", "hidden_probe", "**controls**", "text_bow", "surface (ensemble)"]
+
+
+def test_report_has_controls_group_margin_column_and_slice_table(tmp_path):
+    from sift.evaluation.run import report_from_predictions
+
+    label = [1, 0] * 20
+    items = [f"i{k // 2}" for k in range(40)]
+    rng = np.random.default_rng(0)
+    runs = [preds("sift", rng.random(40), label, items, seed=s) for s in (0, 1)]
+    runs += [preds("text_bow", [0.9 if y else 0.1 for y in label], label, items, seed=s) for s in (0, 1)]
+    ids = [f"t{i}" for i in range(40)]
+    pairs = Pairs(["paraphrase"] * 10, ["preserving"] * 10, ids[0:20:2], ids[1:20:2], [1] * 10, [0] * 10,
+                  items[0:20:2])
+    secs = report_from_predictions(runs, pairs, tmp_path, n_resamples=50, slice_ids=set(ids[:10]))
+    md = (tmp_path / "report.md").read_text()
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert "**controls**" in md and "Δ AUROC vs best control" in md and NOT_ABOVE in md
+    row = res["main_table"]["detectors"]["sift"]
+    assert row["group"] == "detectors" and row["margin_over_best_control"]["best_control"] == "text_bow"
+    assert row["margin_over_best_control"]["beats_controls"] is False
+    assert res["main_table"]["detectors"]["text_bow"]["group"] == "controls"
+    sl = res["matched_slice"]["detectors"]
+    assert sl["text_bow"]["auroc"]["estimate"] == pytest.approx(1.0) and sl["text_bow"]["n_traces"] == [10, 10]
+    assert sl["sift"]["as"]["estimate"] is None and "altering" in sl["sift"]["as"]["reason"]
+    assert "Matched-text slice" in md and "matched_slice" in [s.key for s in secs]
