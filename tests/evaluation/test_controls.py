@@ -29,6 +29,8 @@ def test_matched_slice_flag_on_hand_made_records():
     assert not matched_slice(rec(cue=cue("7"), answer="5", gold_answer="5"))      # answer ≠ cue
     assert not matched_slice(rec(cue=None, answer="7", gold_answer="5"))          # no cue
     assert not matched_slice(rec(cue=cue("7"), answer=None, gold_answer="5"))     # no answer
+    assert not matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", condition="cue_injection"))  # altering
+    assert matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", condition="paraphrase"))
     assert matched_slice(rec(cue=cue("True"), answer="true ", gold_answer="false"))  # normalised
     rs = [rec(trace_id="a", cue=cue("7"), answer="7", gold_answer="5", phi=0),
           rec(trace_id="b", cue=cue("7"), answer="7", gold_answer="5", phi=1),
