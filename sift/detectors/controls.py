@@ -42,6 +42,9 @@ class SklearnDetector(DetectorModule):
     """Base class: a scikit-learn classifier on per-trace inputs (:meth:`inputs`), fitted once on the training
     split; ``encode`` returns the logit of its P(faithful)."""
 
+    #: fitted in one pass (the training record counts it as converged, never as undertrained)
+    fits_once = True
+
     def __init__(self, *, name: str = "sklearn", channel_names: Sequence[str] = (),
                  feature_names: Sequence[str] = (), pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1,
                  n_models: int = 1, threshold_method: str = "youden") -> None:
