@@ -271,7 +271,8 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         check_wandb(None, "wandb")
     for d in cfg.instance_ensemble:
         if d not in cfg.detectors:
-            raise SiftError(f"instance_ensemble: member {d!r} is not among detectors {list(cfg.detectors)}")
+            raise SiftError(f"instance_ensemble: member {d!r} is not among detectors {list(cfg.detectors)} "
+                            f"(list trained detectors, or instance_ensemble=[] for no instance-level ensemble)")
     ensure_writable(out)
     return specs
 

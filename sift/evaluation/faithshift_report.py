@@ -64,7 +64,9 @@ def load_predictions(specs: list, files: dict[str, dict[str, Path]]) -> list[Pre
 def instance_ensembles(preds: list[Predictions], members: list[str]) -> list[Predictions]:
     """The paper's instance-level ensemble: per seed, the probability average of ``members`` (main runs),
     its threshold frozen on the averaged validation (selection) predictions; also on the calibration split when
-    every member has one (SGR)."""
+    every member has one (SGR). None when ``members`` is empty."""
+    if not members:
+        return []
     by = {(p.detector, p.seed, p.split): p for p in preds if "transfer_setting" not in p.meta
           and "ablation" not in p.meta and "matrix" not in p.meta}
     seeds = sorted({s for (d, s, sp) in by if d == members[0] and s is not None})

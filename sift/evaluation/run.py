@@ -328,8 +328,6 @@ def _load_saved(entries: Iterable[Any]) -> tuple[list[Predictions], Pairs | None
     pairs = None
     for entry in entries:
         raw = str(entry)
-        if is_remote(raw):
-            check_local(raw, "detector")
         paths = sorted(glob.glob(raw)) if any(c in raw for c in "*?[") else [raw]
         if not paths:
             raise SiftError(f"predictions {raw!r}: no such file or folder")

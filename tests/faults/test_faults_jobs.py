@@ -125,6 +125,14 @@ def test_train_refuses_endless_epochs_before_creating_its_folder(compose_train, 
     assert not (tmp_path / "r").exists()
 
 
+def test_a_missing_checkpoint_to_resume_from_leaves_no_half_created_run_folder(compose_train, tmp_path):
+    from sift.training import train
+
+    with pytest.raises(SiftError, match=r"ckpt_path /nonexistent/x.ckpt: no such file"):
+        train(compose_train("detector=hidden_probe", "ckpt_path=/nonexistent/x.ckpt", out=str(tmp_path / "r")))
+    assert not (tmp_path / "r").exists()
+
+
 def test_sift_corpus_refuses_a_non_integer_item_count(tmp_path):
     from sift.cli.corpus import run
     from sift.faithshift import compose

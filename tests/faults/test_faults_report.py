@@ -2,6 +2,7 @@
 identical numbers), and an up-to-date report is not recomputed; W&B offline makes no network call."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -69,7 +70,8 @@ wandb.finish()
     trace = tmp_path / "trace"
     r = subprocess.run(["strace", "-f", "-qq", "-e", "trace=connect", "-o", str(trace), sys.executable, "-c", script],
                        capture_output=True, text=True, cwd=REPO, timeout=600,
-                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO)})
+                       env={**{k: v for k, v in os.environ.items() if not k.startswith("WANDB_")},
+                            "HOME": str(tmp_path), "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr[-2000:]
     dns = [line for line in trace.read_text().splitlines() if "htons(53)" in line]
     assert dns == []
