@@ -233,7 +233,8 @@ def test_parallel_setups_of_one_split_fit_the_answer_probe_once(traj, tmp_path, 
     monkeypatch.setattr(P.AnswerProbe, "fit", logged)
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_setup_and_report, args=(traj / "traj", 23, out)) for _ in range(2)]
+    cache = tmp_path / "cache"  # the shared cache lives outside the (read-only) trajectory folder
+    procs = [ctx.Process(target=_setup_and_report, args=(traj / "traj", 23, out, cache)) for _ in range(2)]
     for p in procs:
         p.start()
     got = [out.get(timeout=300) for _ in procs]
@@ -245,8 +246,8 @@ def test_parallel_setups_of_one_split_fit_the_answer_probe_once(traj, tmp_path, 
     assert got[0] == got[1] and len(got[0]) > 0
 
 
-def _setup_and_report(path, seed, out):
-    dm = TrajectoryDataModule(path, seed=seed)
+def _setup_and_report(path, seed, out, cache_dir=None):
+    dm = TrajectoryDataModule(path, seed=seed, cache_dir=cache_dir)
     dm.setup()
     out.put(torch.cat([e.x for e in dm.dataset("train").examples]).tolist())  # plain lists: no shared memory
 

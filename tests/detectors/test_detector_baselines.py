@@ -70,14 +70,14 @@ def test_logistic_matches_sklearn(dm, spec):
 @pytest.mark.parametrize("kind", ["biasing_features", "counterfactual", "hidden_probe", "instance_level",
                                   "attribution_consistency"])
 def test_each_baseline_trains_through_lightning(dm, spec, kind, tmp_path):
-    from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
     from sift.cli._common import CONFIG_DIR
+    from sift.training import DETECTOR_RUN_KEYS, instantiate_node
 
     cfg = OmegaConf.load(f"{CONFIG_DIR}/detector/{kind}.yaml")
     pl.seed_everything(0)
-    m = instantiate(cfg, **spec, _convert_="all")
+    m = instantiate_node(cfg, drop=("name", *DETECTOR_RUN_KEYS), **spec)
     tr = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, default_root_dir=tmp_path)
     tr.fit(m, dm)

@@ -65,4 +65,4 @@ def test_results_record_stop_epoch_and_best_val_loss(compose_train, tmp_path):
 
 def test_seed_resample_needs_a_datamodule_that_can(compose_train, tmp_path):
     with pytest.raises(SiftError, match="seed_resample"):
-        train(compose_train("detector=hidden_probe", "+detector.seed_resample=true", out=str(tmp_path / "r")))
+        train(compose_train("detector=hidden_probe", "detector.seed_resample=true", out=str(tmp_path / "r")))

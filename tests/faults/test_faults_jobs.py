@@ -200,6 +200,8 @@ def test_two_main_jobs_on_one_folder_exactly_one_proceeds(tmp_path):
         assert err[0].endswith("wait for it to finish or choose another output folder")
         assert "[faithshift]" not in second.stdout  # the second job did no work at all
         assert first.poll() is None  # ... while the first one proceeds
+        # interrupt it once it is doing work (a signal during its first imports is not what this tests)
+        _wait(lambda: (out / "corpus").exists(), 300, "the first job's corpus stage")
     finally:
         first.send_signal(signal.SIGTERM)
         text = first.communicate(timeout=120)[0]

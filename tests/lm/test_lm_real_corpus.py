@@ -21,7 +21,7 @@ from tinylm import make_model, make_tokenizer
 # the organism's record schema (sift.corpus.build._trace_record) plus the verification fields
 SCHEMA = {"trace_id", "base_item", "domain", "model", "family", "condition", "seed", "view", "prompt",
           "prompt_ids", "generated_ids", "cot", "cot_span", "answer", "gold_answer", "correct", "cue",
-          "intended_phi", "provenance", "phi", "verification"}
+          "intended_phi", "provenance", "phi", "verification", "matched_slice"}
 N = 5
 
 
