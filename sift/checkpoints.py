@@ -82,8 +82,8 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     * ``last.ckpt`` is written after every validation epoch, not only when a new best is saved;
     * every checkpoint file is written atomically (temporary file + rename), so a kill never leaves half a file;
     * the checkpoint carries the RNG states taken when it was written (at the end of an epoch), put back when
-      the next training epoch starts after a resume, so dropout and shuffles continue as if uninterrupted
-      (restoring them earlier would let the resumed run's extra setup, e.g. its sanity check, draw from them).
+      the next training epoch starts after a resume (restoring them earlier would let the resumed run's setup,
+      e.g. its sanity check, draw from them). A resumed run is not yet bit-identical: see docs/robustness.md.
     """
 
     _pending_rng: dict[str, Any] | None = None
