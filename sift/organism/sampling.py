@@ -55,6 +55,7 @@ def sample_choice_points(model, prompts: Sequence[Sequence[int]], streams: Seque
         raise ValueError(f"top_p must lie in (0, 1), got {top_p}")
     model.eval()
     device = next(model.parameters()).device
+    cache_arg = _cache_arg(model)
     out: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
         chunk = [list(p) for p in prompts[start:start + batch_size]]
@@ -87,6 +88,6 @@ def sample_choice_points(model, prompts: Sequence[Sequence[int]], streams: Seque
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
             pos = pos + 1
             res = model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, use_cache=True,
-                        **{_cache_arg(model): _cache_of(res)})
+                        **{cache_arg: _cache_of(res)})
         out += new
     return out

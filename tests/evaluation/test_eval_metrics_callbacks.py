@@ -1,7 +1,6 @@
 """torchmetrics metrics and the Lightning evaluation callback on the hand-computable toy (ev_toy.py)."""
 
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -14,13 +13,6 @@ from sift.evaluation.callbacks import MetaEvalCallback
 from sift.evaluation.metrics import (AlterationSensitivity, InvarianceViolationRate, MetaFaithfulness,
                                      SelectiveGuaranteedRisk)
 from sift.metrics import alteration_sensitivity, ivr_per_axis, sgr
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
 
 
 def test_ivr_and_as_metrics_match_functional_and_merge_like_ddp():

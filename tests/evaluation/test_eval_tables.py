@@ -1,7 +1,6 @@
 """Report tables on a hand-computable toy (tests/evaluation/ev_toy.py): every number checked by hand."""
 
 import math
-import warnings
 
 import numpy as np
 import pytest
@@ -9,24 +8,11 @@ from scipy.stats import beta
 from sklearn.metrics import roc_auc_score
 
 import ev_toy as toy
-from sift.evaluation.analysis import SelectiveConfig, fast_auroc
+from ev_toy import CERT, est
+from sift.evaluation.analysis import fast_auroc
 from sift.evaluation.predictions import Predictions
 from sift.evaluation.tables import (ablation_table, ensemble_table, main_table, selective_risk_section,
                                     transfer_matrix)
-
-#: one candidate threshold ρ ≥ 0.75, δ' = δ = 0.5: 7 of 15 traces selected, all correct (see test below)
-CERT = SelectiveConfig(alpha=0.7, delta=0.5, candidates=(0.75,))
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-def est(res, key):
-    return res[key]["estimate"]
 
 
 def test_fast_auroc_matches_sklearn_with_ties():

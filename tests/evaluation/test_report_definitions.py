@@ -2,29 +2,14 @@
 (defect 2), the bootstrap pool (defect 4) and the definitions of defect 5 (like-for-like gap, pooled IVR,
 infeasible SGR seeds, seed-ensemble AUROC), plus the deterministic-baseline note (defect 7)."""
 
-import warnings
-
 import numpy as np
 import pytest
 
 import ev_toy as toy
-from sift.evaluation.analysis import Items, SelectiveConfig, bootstrap_vector, item_resamples, split_strata
+from sift.evaluation.analysis import Items, bootstrap_vector, item_resamples, split_strata
 from sift.evaluation.predictions import Pairs, Predictions
+from ev_toy import CERT, est
 from sift.evaluation.tables import IN_DIST, ensemble_table, main_table, transfer_matrix
-
-#: one candidate threshold ρ ≥ 0.75, δ' = δ = 0.5: on toy seed 0, 7 of 15 traces selected, all correct
-CERT = SelectiveConfig(alpha=0.7, delta=0.5, candidates=(0.75,))
-
-
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-def est(res, key):
-    return res[key]["estimate"]
 
 
 def cell(probs, items=("a", "b", "c", "d"), labels=(0, 0, 1, 1), detector="sift", seed=0, split="test",
