@@ -415,6 +415,9 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
     if ckpt_path is not None and not is_remote(ckpt_path):
         load_checkpoint(ckpt_path, what="checkpoint to resume from")  # data only: refuse before Lightning reads it
     trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
+    # before validate(ckpt_path=best): loading a checkpoint restores the callbacks' state (early stopping,
+    # validation history) to that of the best epoch, which would erase how and when the run stopped
+    training = training_record(trainer, model, history)
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if not best and trainer.checkpoint_callback is not None and (ckpt_dir / "last.ckpt").is_file():
         best = str(ckpt_dir / "last.ckpt")
@@ -430,7 +433,7 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
     rec = _record(cfg, kind, metrics, t0, threshold=float(model.threshold), best_ckpt=best or None,
                   last_ckpt=str(ckpt_dir / "last.ckpt") if (ckpt_dir / "last.ckpt").is_file() else None,
                   epochs=int(trainer.current_epoch), global_step=int(trainer.global_step),
-                  training=training_record(trainer, model, history),
+                  training=training,
                   n_parameters=n_parameters(model), data_spec={"n_channels": len(spec.channel_names),
                                                                "n_features": len(spec.feature_names),
                                                                "pooled_dim": spec.pooled_dim,

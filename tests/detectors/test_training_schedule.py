@@ -66,3 +66,18 @@ def test_results_record_stop_epoch_and_best_val_loss(compose_train, tmp_path):
 def test_seed_resample_needs_a_datamodule_that_can(compose_train, tmp_path):
     with pytest.raises(SiftError, match="seed_resample"):
         train(compose_train("detector=hidden_probe", "detector.seed_resample=true", out=str(tmp_path / "r")))
+
+
+def test_record_of_an_early_stopped_run_survives_reloading_the_best_checkpoint(compose_train, tmp_path):
+    # min_delta 0.5: only the first validation counts as an improvement, so the run stops at the second one
+    # (patience 1 step). The checkpoint kept as "best" is the first one (monitor=step, mode=min), so
+    # validate(ckpt_path=best) restores the callbacks' state of epoch 0; the record must still say how the run
+    # ended and hold every validation.
+    rec = train(compose_train("detector=instance_level", "trainer.max_epochs=10",
+                              "callbacks.model_checkpoint.monitor=step", "callbacks.model_checkpoint.mode=min",
+                              "callbacks.early_stopping.patience_steps=1", "callbacks.early_stopping.min_steps=0",
+                              "callbacks.early_stopping.min_delta=0.5", out=str(tmp_path / "es")))
+    t = rec["training"]
+    assert t["stopped_by"] == "early stopping" and t["converged"] is True
+    assert len(t["validations"]) == 2 and t["best_step"] == t["validations"][0]["step"]
+    assert t["stop_epoch"] == 2 and rec["epochs"] == 2
