@@ -187,7 +187,8 @@ class MLPDetector(DetectorModule):
                  dann_weight: float = 0.5, dann_domain: str = "env", dann_hidden: int = 128,
                  dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
                  threshold_method: str = "youden", stats_max_batches: int = 200, warmup_steps: int = 0,
-                 lr_schedule: str = "constant", lr_min_ratio: float = 0.1) -> None:
+                 lr_schedule: str = "constant", lr_min_ratio: float = 0.1,
+                 penalty_start_steps: int = 0, penalty_ramp_steps: int = 0) -> None:
         super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
                          pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models, lr=lr,
                          weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
@@ -195,7 +196,8 @@ class MLPDetector(DetectorModule):
                          dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
                          dann_schedule=dann_schedule, dann_lr_mult=dann_lr_mult,
                          threshold_method=threshold_method, stats_max_batches=stats_max_batches,
-                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, lr_min_ratio=lr_min_ratio)
+                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, lr_min_ratio=lr_min_ratio,
+                         penalty_start_steps=penalty_start_steps, penalty_ramp_steps=penalty_ramp_steps)
         self.save_hyperparameters(logger=False)
         self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,
                                   feature_names=self.feature_names, pooled_dim=self.pooled_dim)

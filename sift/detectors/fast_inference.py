@@ -30,7 +30,9 @@ from torch import nn
 from sift.errors import SiftError
 
 #: tolerance of the int8 path: max |P_int8 − P_fp32| over the test's traces (stated in the tests)
-INT8_PROB_ATOL = 0.1  # max |ΔP| of dynamic int8 vs fp32 on probabilities spread over (0, 1); mean ≤ 0.03
+# max |ΔP| of dynamic int8 vs fp32 on probabilities spread over (0, 1); mean ≤ 0.03. Measured on 8 random paper-size
+# nets (4 seeds, with and without the √d input scale): max 0.062–0.164, mean 0.015–0.029
+INT8_PROB_ATOL = 0.2
 
 
 def _positions(T: int, d: int) -> torch.Tensor:
@@ -129,8 +131,9 @@ class SIFTInference(nn.Module):
             self.K = K
         else:
             self.tcn, self.K = None, 1
-        self.proj = _linear(net.proj.weight, None)
-        self.register_buffer("proj_bias", net.proj.bias.detach().clone())
+        scale = net.input_scale  # folded: s·(Wx + b) + PE = (sW)x + (s·b + PE)
+        self.proj = _linear(net.proj.weight * scale, None)
+        self.register_buffer("proj_bias", net.proj.bias.detach().clone() * scale)
         self.register_buffer("pos_bias", _positions(64, self.d_model) + self.proj_bias, persistent=False)
         enc = net.encoder
         self.layers = nn.ModuleList(_Layer(l) for l in enc.layers) if enc is not None else nn.ModuleList()

@@ -86,7 +86,7 @@ class SIFTNet(nn.Module):
     def __init__(self, in_channels: int, kernels: Sequence[int] = (3, 5, 7, 11), filters: int = 64,
                  d_model: int = 128, n_layers: int = 4, n_heads: int = 8, dim_feedforward: int = 256,
                  dropout: float = 0.1, mlp_hidden: int = 128, use_tcn: bool = True,
-                 use_transformer: bool = True, encoder_chunk: int = 32) -> None:
+                 use_transformer: bool = True, encoder_chunk: int = 32, input_scale: float | None = None) -> None:
         super().__init__()
         self.encoder_chunk = int(encoder_chunk)
         self.tcn = MaskedTCN(in_channels, kernels, filters) if use_tcn else None
@@ -100,12 +100,16 @@ class SIFTNet(nn.Module):
         self.pool = AttentionPooling(d_model)
         self.head = mlp(d_model, mlp_hidden, 1, dropout)
         self.d_model = d_model
+        # Vaswani et al.'s √d scale on the projected input before the positions are added. Without it the
+        # projection's outputs (std ≈ 0.2 at initialisation on the organism) are swamped by the sinusoids
+        # (std ≈ 0.7), and training sat on a plateau for ~100 steps (issue 12)
+        self.input_scale = math.sqrt(d_model) if input_scale is None else float(input_scale)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mask = mask.bool()
         x = x * mask[..., None].to(x.dtype)
         h = self.tcn(x, mask) if self.tcn is not None else x
-        h = self.proj(h)
+        h = self.proj(h) * self.input_scale
         h = h + sinusoidal_positions(h.shape[1], h.shape[2], h.device, h.dtype)
         if self.encoder is not None:
             if self.training and 0 < self.encoder_chunk < h.shape[0]:
@@ -153,7 +157,7 @@ class SIFTDetector(DetectorModule):
                  drop_channels: Sequence[str] = (), standardize: bool = True, lr: float = 1e-3,
                  weight_decay: float = 0.0, env_reduction: str = "sum", threshold_method: str = "youden",
                  stats_max_batches: int = 200, warmup_steps: int = 0, lr_schedule: str = "constant",
-                 lr_min_ratio: float = 0.1) -> None:
+                 lr_min_ratio: float = 0.1, penalty_start_steps: int = 0, penalty_ramp_steps: int = 0) -> None:
         super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
                          pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models, lr=lr,
                          weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
@@ -161,7 +165,8 @@ class SIFTDetector(DetectorModule):
                          dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
                          dann_schedule=dann_schedule, dann_lr_mult=dann_lr_mult,
                          threshold_method=threshold_method, stats_max_batches=stats_max_batches,
-                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, lr_min_ratio=lr_min_ratio)
+                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, lr_min_ratio=lr_min_ratio,
+                         penalty_start_steps=penalty_start_steps, penalty_ramp_steps=penalty_ramp_steps)
         self.save_hyperparameters(logger=False)
         drop = list(drop_channels)
         if not use_attention_stability:

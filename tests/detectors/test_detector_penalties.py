@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sift.detectors.penalties import DomainClassifier, dann_penalty, grad_reverse, irm_penalty
+from sift.errors import SiftError
 
 
 def _sig(x: float) -> float:
@@ -147,3 +148,33 @@ def test_dann_schedule_and_discriminator_learning_rate():
     opt = m.configure_optimizers()
     assert [g["lr"] for g in opt.param_groups] == [1e-3, pytest.approx(1e-2)]
     assert sum(len(g["params"]) for g in opt.param_groups) == len(list(m.parameters()))
+
+
+def test_penalty_schedule_starts_at_zero_then_ramps(monkeypatch):
+    from datamodules.synthetic_datamodule import SyntheticDataModule
+    from sift.detectors import DataSpec, SIFTDetector, concat_batches
+    from sift.detectors.module import ramp_factor
+
+    assert [ramp_factor(s, 10, 20) for s in (0, 9, 10, 15, 20, 30, 99)] == [0, 0, 0, 0.25, 0.5, 1, 1]
+    assert ramp_factor(10, 10, 0) == 1.0 and ramp_factor(0, 0, 0) == 1.0
+    dm = SyntheticDataModule(n_items=40, t_max=20)
+    dm.setup()
+    torch.manual_seed(0)
+    m = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), d_model=16, filters=4, n_layers=1, n_heads=2,
+                     dim_feedforward=16, mlp_hidden=8, dann_hidden=8, dropout=0.0, irm_lambda=2.0, dann_weight=0.5,
+                     penalty_start_steps=10, penalty_ramp_steps=20)
+    envs = next(iter(dm.train_dataloader()))
+    m.log = lambda *a, **k: None
+    m.train()
+    cat = concat_batches(envs)
+    logits, z = m.encode(cat)
+    sizes = [len(b) for b in envs]
+    risk = sum(F.binary_cross_entropy_with_logits(l, b.label) for l, b in zip(logits.split(sizes), envs))
+    irm = sum(irm_penalty(l, b.label) for l, b in zip(logits.split(sizes), envs))
+    dann = F.cross_entropy(m.domain_classifier(z), cat.env)
+    for step, factor in ((0, 0.0), (20, 0.5), (40, 1.0)):
+        monkeypatch.setattr(SIFTDetector, "global_step", property(lambda self, s=step: s))
+        loss = m.training_step(envs, 0)
+        assert loss.item() == pytest.approx((risk + factor * (2.0 * irm + 0.5 * dann)).item(), rel=1e-5)
+    with pytest.raises(SiftError, match="penalty_start_steps"):
+        SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), penalty_start_steps=-1)
