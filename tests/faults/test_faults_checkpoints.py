@@ -132,8 +132,6 @@ def test_last_ckpt_is_written_every_epoch_without_a_new_best(compose_train, tmp_
     assert not list(Path(rec["last_ckpt"]).parent.glob("*.tmp*"))  # written atomically, nothing left over
 
 
-@pytest.mark.xfail(strict=True, reason="open defect (issue 13): a resumed run's predictions still differ from an "
-                   "uninterrupted run by up to ~0.01; some training state is not in last.ckpt yet")
 def test_killed_run_resumes_to_exactly_the_uninterrupted_result(compose_train, tmp_path, monkeypatch):
     from sift.detectors import SIFTDetector, load_detector
     from sift.training import train
