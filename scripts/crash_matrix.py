@@ -47,16 +47,17 @@ class KillPoint:
 
 
 POINTS = [
-    KillPoint("mid corpus", stage="corpus", fraction=0.5),
+    KillPoint("mid corpus (a chunk saved, no manifest)", file="corpus/.parts/chunk-*.jsonl"),
     KillPoint("corpus → trajectories", line=r"\[faithshift\] corpus done"),
-    KillPoint("mid trajectories", stage="trajectories", fraction=0.5),
+    KillPoint("mid trajectories (a shard written, others pending)",
+              line=r"\[extract\] shard \S+ written \(1 computed of"),
     KillPoint("trajectories → training", line=r"\[faithshift\] trajectories done"),
     KillPoint("mid SIFT run (after an epoch's last.ckpt)", file="runs/main/sift/seed0/checkpoints/last.ckpt",
               after_extraction=True),
     KillPoint("mid training (a run finished, others in flight)", line=r"\[faithshift\] run 1/\d+ done",
               after_extraction=True),
     KillPoint("training → evaluation", line=r"\[faithshift\] training .* done \(", after_extraction=True),
-    KillPoint("mid evaluation", stage="evaluation", fraction=0.5, after_extraction=True),
+    KillPoint("mid evaluation (a report section saved)", file="report/.sections/*.json", after_extraction=True),
 ]
 
 
