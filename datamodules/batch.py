@@ -120,7 +120,8 @@ class EpochShuffleSampler(torch.utils.data.Sampler):
 
 def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
     """A 63-bit seed derived from ``(seed, epoch, stream)`` (SplitMix64-style mixing; stable across runs)."""
-    x = (0x632BE59BD9B4E019 + int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9 + int(stream) * 0x94D049BB133111EB)
+    x = (0x632BE59BD9B4E019 + int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9
+         + int(stream) * 0x94D049BB133111EB)
     x &= (1 << 64) - 1
     for mult in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB):
         x ^= x >> 31
