@@ -11,7 +11,7 @@ Channel naming convention: ``velocity/l{ℓ}`` (ℓ = 1..L−1), ``drift/l{ℓ}`
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -93,3 +93,43 @@ class PairIndex:
     shifted: int
     phi_source: int
     phi_shifted: int
+
+
+# --------------------------------------------------------------------------------------------- resumable order
+class EpochShuffleSampler(torch.utils.data.Sampler):
+    """A permutation of ``range(n)`` that is a function of ``(seed, epoch, stream)`` only.
+
+    The epoch is read when iteration starts, from ``epoch_fn`` (the trainer's ``current_epoch``) or, without
+    one, from a count of this sampler's own passes. No running RNG state is involved, so a run resumed from an
+    epoch-end checkpoint sees exactly the order the uninterrupted run saw, and drawing the order never consumes
+    the global torch RNG (which dropout draws from)."""
+
+    def __init__(self, n: int, seed: int, epoch_fn: Callable[[], int] | None = None, stream: int = 0) -> None:
+        self.n, self.seed, self.epoch_fn, self.stream = int(n), int(seed), epoch_fn, int(stream)
+        self._passes = 0
+
+    def __iter__(self) -> Iterator[int]:
+        epoch = self.epoch_fn() if self.epoch_fn is not None else self._passes
+        self._passes += 1
+        g = torch.Generator().manual_seed(epoch_seed(self.seed, epoch, self.stream))
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def epoch_seed(seed: int, epoch: int, stream: int = 0) -> int:
+    """A 63-bit seed derived from ``(seed, epoch, stream)`` (SplitMix64-style mixing; stable across runs)."""
+    x = (0x632BE59BD9B4E019 + int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xBF58476D1CE4E5B9
+         + int(stream) * 0x94D049BB133111EB)
+    x &= (1 << 64) - 1
+    for mult in (0xBF58476D1CE4E5B9, 0x94D049BB133111EB):
+        x ^= x >> 31
+        x = (x * mult) & ((1 << 64) - 1)
+    return (x ^ (x >> 31)) & ((1 << 63) - 1)
+
+
+def loader_generator(seed: int) -> torch.Generator:
+    """A private generator for a DataLoader: its per-iterator base seed is then drawn from this, not from the
+    global torch RNG, so creating a loader iterator never shifts the RNG stream dropout uses."""
+    return torch.Generator().manual_seed(int(seed) & ((1 << 63) - 1))

@@ -32,7 +32,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
-from datamodules.batch import PairIndex, TraceBatch, TraceExample, collate
+from datamodules.batch import EpochShuffleSampler, PairIndex, TraceBatch, TraceExample, collate, loader_generator
 from sift.detectors.features import (ATTENTION_STABILITY, EARLY_COMMITMENT, organism_channel_names)
 
 SPLITS = ("train", "val", "test", "transfer")
@@ -173,16 +173,27 @@ class SyntheticDataModule(pl.LightningDataModule):
         self.dataset(split)
         return [p for p in self._pairs[split] if (kind is None or p.kind == kind) and (axis is None or p.axis == axis)]
 
-    def _loader(self, examples: list[TraceExample], shuffle: bool, batch_size: int) -> DataLoader:
-        return DataLoader(examples, batch_size=batch_size, shuffle=shuffle, collate_fn=collate,
-                          num_workers=self.hparams.num_workers)
+    def _order_seed(self) -> int:
+        """The run seed the training order derives from: ``torch.initial_seed()``, i.e. the ``seed`` that
+        ``seed_everything`` set (so the run seed drives the order and ``data_seed`` the data)."""
+        return int(torch.initial_seed())
+
+    def _loader(self, examples: list[TraceExample], shuffle: bool, batch_size: int, stream: int = 0) -> DataLoader:
+        """A loader whose shuffled order is a function of (run seed, epoch, stream) only (resumable exactly) and
+        whose iterators never draw from the global torch RNG."""
+        seed = self._order_seed()
+        trainer = getattr(self, "trainer", None)
+        epoch_fn = (lambda: trainer.current_epoch) if trainer is not None else None
+        sampler = EpochShuffleSampler(len(examples), seed, epoch_fn, stream) if shuffle else None
+        return DataLoader(examples, batch_size=batch_size, sampler=sampler, collate_fn=collate,
+                          num_workers=self.hparams.num_workers, generator=loader_generator(seed + stream))
 
     def train_dataloader(self):
         h = self.hparams
         tr = self.dataset("train")
         if h.train_mode == "mixed":
             return self.train_flat_dataloader()
-        return EnvListLoader([self._loader([e for e in tr if e.env == k], True, h.batch_size)
+        return EnvListLoader([self._loader([e for e in tr if e.env == k], True, h.batch_size, stream=k)
                               for k in range(h.n_envs)])
 
     def train_flat_dataloader(self, shuffle: bool = True) -> DataLoader:

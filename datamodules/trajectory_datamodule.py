@@ -46,7 +46,7 @@ import torch
 from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from datamodules.batch import PairIndex, TraceBatch, TraceExample, collate
+from datamodules.batch import EpochShuffleSampler, PairIndex, TraceBatch, TraceExample, collate, loader_generator
 from sift.corpus import audit as A
 from sift.corpus.conditions import AXES
 from sift.errors import SiftError
@@ -484,9 +484,11 @@ class TrajectoryDataModule(pl.LightningDataModule):
 
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         ds = self.dataset(split)
-        g = torch.Generator().manual_seed(self.seed)
-        return DataLoader(ds, batch_size=self.batch_size, shuffle=shuffle, collate_fn=collate,
-                          num_workers=self.num_workers, generator=g if shuffle else None)
+        trainer = getattr(self, "trainer", None)
+        epoch_fn = (lambda: trainer.current_epoch) if trainer is not None else None
+        sampler = EpochShuffleSampler(len(ds), self.seed, epoch_fn) if shuffle else None
+        return DataLoader(ds, batch_size=self.batch_size, sampler=sampler, collate_fn=collate,
+                          num_workers=self.num_workers, generator=loader_generator(self.seed))
 
     def train_dataloader(self) -> DataLoader:
         """Environment-balanced steps: each item is ``list[TraceBatch]``, one per training environment."""
@@ -495,7 +497,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         epoch_fn = (lambda: trainer.current_epoch) if trainer is not None else None
         return DataLoader(ds, batch_size=None, sampler=EnvStepSampler(len(ds), epoch_fn), collate_fn=_identity,
-                          num_workers=self.num_workers)
+                          num_workers=self.num_workers, generator=loader_generator(self.seed))
 
     def train_flat_dataloader(self, shuffle: bool = True) -> DataLoader:
         return self._loader("train", shuffle=shuffle)

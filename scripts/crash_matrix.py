@@ -47,16 +47,17 @@ class KillPoint:
 
 
 POINTS = [
-    KillPoint("mid corpus", stage="corpus", fraction=0.5),
+    KillPoint("mid corpus (a chunk saved, no manifest)", file="corpus/.parts/chunk-*.jsonl"),
     KillPoint("corpus → trajectories", line=r"\[faithshift\] corpus done"),
-    KillPoint("mid trajectories", stage="trajectories", fraction=0.5),
+    KillPoint("mid trajectories (a shard written, others pending)",
+              line=r"\[extract\] shard \S+ written \(1 computed of"),
     KillPoint("trajectories → training", line=r"\[faithshift\] trajectories done"),
     KillPoint("mid SIFT run (after an epoch's last.ckpt)", file="runs/main/sift/seed0/checkpoints/last.ckpt",
               after_extraction=True),
     KillPoint("mid training (a run finished, others in flight)", line=r"\[faithshift\] run 1/\d+ done",
               after_extraction=True),
     KillPoint("training → evaluation", line=r"\[faithshift\] training .* done \(", after_extraction=True),
-    KillPoint("mid evaluation", stage="evaluation", fraction=0.5, after_extraction=True),
+    KillPoint("mid evaluation (a report section saved)", file="report/.sections/*.json", after_extraction=True),
 ]
 
 
@@ -165,6 +166,53 @@ def run_killed(overrides: list[str], out: Path, point: KillPoint, stages: dict[s
     return True, left, time.time() - t0
 
 
+def _epoch_of(ckpt: Path) -> int | None:
+    try:
+        import torch
+
+        return int(torch.load(str(ckpt), map_location="cpu", weights_only=True)["epoch"])
+    except Exception:  # a checkpoint being written when the job died counts as absent
+        return None
+
+
+def left_behind(out: Path) -> str:
+    """What the killed job left for the rerun to resume from: finished stages, finished runs, runs with an
+    epoch-end ``last.ckpt`` (the rerun continues them from the next epoch), saved report sections."""
+    parts: list[str] = []
+    if (out / "corpus" / "manifest.json").is_file():
+        parts.append("corpus")
+    else:
+        n = len(list((out / "corpus" / ".parts").glob("chunk-*.jsonl")))
+        parts.append(f"no corpus ({n} chunk(s) saved)" if n else "nothing")
+        return ", ".join(parts)
+    if (out / "trajectories" / "trajectories.json").is_file():
+        parts.append("trajectories")
+    else:
+        n = len(list((out / "trajectories" / "shards").glob("**/*.pt")))
+        parts.append(f"{n} trajectory shard(s)")
+        return ", ".join(parts)
+    done, partial = 0, []
+    for res in sorted((out / "runs").glob("**/checkpoints/last.ckpt")):
+        run = res.parent.parent
+        r = run / "results.json"
+        if r.is_file() and json.loads(r.read_text()).get("status") == "done":
+            done += 1
+        else:
+            e = _epoch_of(res)
+            partial.append(f"{run.relative_to(out / 'runs')} at epoch {e}" if e is not None else str(run))
+    n_runs = len(json.loads((out / "runs" / "index.json").read_text())) if (out / "runs" / "index.json").is_file() \
+        else None
+    parts.append(f"{done}{'/' + str(n_runs) if n_runs else ''} runs done")
+    if partial:
+        parts.append("resumed from last.ckpt: " + "; ".join(partial))
+    sections = len(list((out / "report" / ".sections").glob("*.json")))
+    if sections:
+        parts.append(f"{sections} report section(s)")
+    if (out / "report" / "results.json").is_file():
+        parts.append("report")
+    return ", ".join(parts)
+
+
 def compare(a: Any, b: Any, path: str = "") -> list[str]:
     """Differences between two results.json trees (numbers to 1e-12)."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -222,18 +270,19 @@ def main(argv: list[str] | None = None) -> int:
             for stage in ("corpus", "trajectories"):
                 shutil.copytree(ref / stage, out / stage)
         killed, left, t_kill = run_killed(overrides, out, pt, stages, args.work / f"kill{i}.log")
+        found = left_behind(out)
         t1 = time.time()
         run_clean(overrides, out, args.work / f"kill{i}.rerun.log")
         got = json.loads((out / "report" / "results.json").read_text())
         diffs = compare(reference, got)
         ok = killed and left == 0 and not diffs
         ok_all &= ok
-        rows.append([pt.name, f"{t_kill:.0f}", "yes" if killed else "no (finished first)", str(left),
+        rows.append([pt.name, f"{t_kill:.0f}", "yes" if killed else "no (finished first)", str(left), found,
                      f"{time.time() - t1:.0f}", f"{max_abs_diff(reference, got):.1e}",
                      "identical" if not diffs else f"{len(diffs)} differ, e.g. {diffs[0]}",
                      "pass" if ok else "FAIL"])
         print(f"crash_matrix: {pt.name}: {rows[-1][-1]}", flush=True)
-    head = ["kill point", "killed at (s)", "killed", "workers left", "rerun (s)", "max abs Δ", "results.json",
+    head = ["kill point", "killed at (s)", "killed", "workers left", "left for the rerun", "rerun (s)", "max abs Δ", "results.json",
             "verdict"]
     print(f"\nclean run: {stages['total']:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in stages.items() if k != 'total')})"
           f"; overrides: {' '.join(overrides)}\n")

@@ -83,7 +83,12 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     * every checkpoint file is written atomically (temporary file + rename), so a kill never leaves half a file;
     * the checkpoint carries the RNG states taken when it was written (at the end of an epoch), put back when
       the next training epoch starts after a resume (restoring them earlier would let the resumed run's setup,
-      e.g. its sanity check, draw from them). A resumed run is not yet bit-identical: see docs/robustness.md.
+      e.g. its sanity check, draw from them).
+
+    Exact resume also needs the data side: Lightning creates a resumed run's first training iterator *before*
+    ``on_train_epoch_start`` (an uninterrupted run creates epoch N's after it), so sift's DataModules draw
+    their order from ``(seed, epoch)`` (:class:`datamodules.batch.EpochShuffleSampler`) and give every
+    DataLoader a private generator: creating an iterator never touches the global RNG restored here.
     """
 
     _pending_rng: dict[str, Any] | None = None

@@ -418,6 +418,16 @@ class DetectorModule(pl.LightningModule):
         cls = type(self)
         checkpoint["sift_detector"] = {"class": f"{cls.__module__}.{cls.__qualname__}",
                                        "name": self.detector_name, "threshold": float(self.threshold)}
+        # the running best validation AUROC is a metric state (not in state_dict): carried so a resumed run
+        # logs the same val/auroc_best as an uninterrupted one
+        if self.val_auroc_best.update_count:
+            checkpoint["sift_val_auroc_best"] = self.val_auroc_best.compute().detach().cpu().float()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        best = checkpoint.get("sift_val_auroc_best")
+        if isinstance(best, torch.Tensor) and torch.isfinite(best):
+            self.val_auroc_best.reset()
+            self.val_auroc_best.update(best.to(self.val_auroc_best.max_value.device))
 
 
 def binary_metrics(probs: torch.Tensor, labels: torch.Tensor, threshold: float) -> dict[str, torch.Tensor]:
