@@ -117,11 +117,20 @@ def max_epochs(cfg: DictConfig, detector: str) -> int:
     return int(by.get(detector, cfg.max_epochs))
 
 
+def max_steps(cfg: DictConfig, detector: str) -> int | None:
+    """The optimizer-step cap of a detector's runs (``max_steps_by_detector``), or None: the cap that means the
+    same training length whatever the split's size (a held-out-domain run has fewer steps per epoch)."""
+    by = cfg.get("max_steps_by_detector") or {}
+    return int(by[detector]) if detector in by else None
+
+
 def train_config(cfg: DictConfig, out: Path, spec: RunSpec) -> DictConfig:
     run_dir = out / "runs" / spec.key
+    steps = max_steps(cfg, spec.detector)
     return compose("train", [*spec.overrides, f"seed={spec.seed}", "data=trajectory",
                              f"data.trajectory_dir={out / 'trajectories'}", f"data.corpus_dir={out / 'corpus'}",
                              f"data.seed={cfg.seed}", f"trainer.max_epochs={max_epochs(cfg, spec.detector)}",
+                             *([f"++trainer.max_steps={steps}"] if steps is not None else []),
                              f"paths.output_dir={run_dir}", f"data.cache_dir={out / 'cache'}",
                              "trainer.enable_progress_bar=false",
                              *([] if cfg.wandb else ["logger=csv"]), *cfg.train_overrides])
@@ -236,6 +245,10 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
                 raise SiftError(f"{key}: seeds must be non-negative integers, got {s!r}")
     if not cfg.detectors:
         raise SiftError("detectors: the main job needs at least one detector")
+    for key in ("max_epochs_by_detector", "max_steps_by_detector"):
+        for det, cap in (cfg.get(key) or {}).items():
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+                raise SiftError(f"{key}.{det}: a cap must be an integer >= 1, got {cap!r}")
 
     def comp(name: str, overrides: list[str], what: str) -> DictConfig:
         try:

@@ -85,3 +85,18 @@ def test_parallel_workers_give_the_same_predictions(job, tmp_path):
             b = np.load(tmp_path / "runs" / "main" / d / f"seed{s}" / "predictions" / "test.npz")
             assert list(a["trace_id"]) == list(b["trace_id"])
             np.testing.assert_array_equal(a["prob"], b["prob"])
+
+
+def test_step_caps_per_detector_reach_each_run_and_bad_caps_are_refused(tmp_path):
+    from sift.errors import SiftError
+    from sift.faithshift import plan_runs, train_config, validate_plan
+
+    cfg = compose("faithshift", [f"output_dir={tmp_path}", "preset=quick", "max_steps_by_detector={sift: 245}"])
+    by_det = {}
+    for spec in plan_runs(cfg):
+        by_det.setdefault(spec.detector, train_config(cfg, tmp_path, spec).trainer)
+    assert by_det["sift"].max_steps == 245 and by_det["sift"].max_epochs == 4
+    assert by_det["hidden_probe"].get("max_steps", -1) == -1    # no cap: Lightning's default (unlimited)
+    bad = compose("faithshift", [f"output_dir={tmp_path}", "preset=quick", "max_steps_by_detector={sift: 0}"])
+    with pytest.raises(SiftError, match="max_steps_by_detector.sift"):
+        validate_plan(bad, tmp_path / "x")
