@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sift.cli._common import CONFIG_DIR, clean_failure
+from sift.cli._common import clean_failure, sift_main
 
 
 def run(cfg: DictConfig) -> dict:
@@ -54,7 +53,7 @@ def _build(cfg: DictConfig) -> dict:
     raise SiftError(f"source.type must be 'organism' or 'hf', got {src.type!r}")
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="corpus")
+@sift_main("corpus")
 def main(cfg: DictConfig) -> None:
     with clean_failure("sift-corpus", cfg.output_dir):
         m = run(cfg)
