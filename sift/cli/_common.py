@@ -16,7 +16,9 @@ from omegaconf import DictConfig
 
 from sift.errors import SiftError
 
-from sift.resources import config_dir
+from sift.resources import config_dir, register_resolvers
+
+register_resolvers()
 
 #: sift's Hydra configs (package data); ``--config-dir DIR`` on any command adds a folder that overrides them
 CONFIG_DIR = str(config_dir())
