@@ -1,4 +1,4 @@
-"""The execution engine of the main job's training runs: ``executor=local`` or ``executor=slurm``.
+"""The execution engine of the main job's training runs and corpus chunks: ``executor=local`` or ``executor=slurm``.
 
 Both take the same job list and give the same records; only where the runs execute differs.
 
@@ -12,13 +12,15 @@ Both take the same job list and give the same records; only where the runs execu
 
 Either way: progress lines (runs done / total), a failed run is resubmitted ``executor.retries`` times (its log
 path is printed), finished runs are skipped by their run hash inside the job (``skip_if_done``), and a job that
-asks for ``trainer=gpu`` takes one GPU.
+asks for ``trainer=gpu`` takes one GPU. Corpus chunks (:func:`sift.corpus.store.run_chunks`) go through the same
+:func:`run_jobs` with their own label, log folder and job name.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -62,14 +64,30 @@ def validate_executor(cfg: DictConfig) -> None:
             raise SiftError("executor=slurm: `sbatch` is not on PATH (run the job on a SLURM login node)")
 
 
-def run_jobs(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_done: OnDone) -> None:
-    """Run ``fn`` for every spec on ``cfg.executor`` and call ``on_done`` as each finishes; raises once a
-    run has failed ``1 + executor.retries`` times (the other runs are stopped)."""
+@dataclass(frozen=True)
+class JobLabels:
+    """How a batch of jobs is named in progress lines, failure logs and SLURM."""
+
+    tag: str = "faithshift"  # progress-line prefix: ``[tag] ...``
+    noun: str = "run"  # one job: "run" | "chunk"
+    log_root: str = "runs"  # a failed local job's log: ``<out>/<log_root>/<spec.key>/failed-attempt<n>.log``
+    job_name: str = "sift-train"  # SLURM job name unless ``executor.job_name`` is set
+
+
+TRAINING = JobLabels()
+
+
+def run_jobs(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_done: OnDone, *,
+             labels: JobLabels = TRAINING, gpus: int | None = None) -> None:
+    """Run ``fn`` for every spec (an object with a ``key``) on ``cfg.executor`` (``cfg.workers`` processes
+    with ``local``) and call ``on_done`` as each finishes; raises once a job has failed ``1 + executor.retries``
+    times (the other jobs are stopped). ``gpus``: GPUs per job (default :func:`gpus_per_job`)."""
     kind = cfg.executor.get("kind")
+    n_gpus = gpus_per_job(cfg) if gpus is None else gpus
     if kind == "local":
-        _run_local(cfg, out, specs, fn, on_done)
+        _run_local(cfg, out, specs, fn, on_done, labels, n_gpus)
     elif kind == "slurm":
-        _run_slurm(cfg, out, specs, fn, on_done)
+        _run_slurm(cfg, out, specs, fn, on_done, labels, n_gpus)
     else:
         raise SiftError(f"executor.kind: expected local or slurm, got {kind!r}")
 
@@ -81,11 +99,11 @@ def _retries(cfg: DictConfig) -> int:
     return r
 
 
-def _failure_log(out: Path, spec: Any, attempt: int, exc: BaseException) -> Path:
-    """Write a failed local run's traceback next to the run; return the log's path."""
+def _failure_log(out: Path, spec: Any, attempt: int, exc: BaseException, labels: JobLabels) -> Path:
+    """Write a failed local job's traceback next to its output; return the log's path."""
     from sift.atomic import write_text
 
-    log = out / "runs" / spec.key / f"failed-attempt{attempt}.log"
+    log = out / labels.log_root / spec.key / f"failed-attempt{attempt}.log"
     write_text(log, "".join(traceback.format_exception(exc)))
     return log
 
@@ -104,21 +122,24 @@ def _local_gpus(n: int) -> list[str]:
 
         ids = [str(i) for i in range(torch.cuda.device_count())]
     if not ids:
-        raise SiftError("trainer=gpu: the training jobs ask for a GPU and this machine shows none")
+        raise SiftError("the jobs ask for a GPU each (trainer=gpu, source.device=cuda or executor.gpus_per_job) "
+                        "and this machine shows none")
     return ids
 
 
-def _run_local(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_done: OnDone) -> None:
+def _run_local(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_done: OnDone, labels: JobLabels,
+               n_gpus: int) -> None:
     from concurrent.futures import FIRST_COMPLETED, wait
 
     from sift.workers import process_pool
 
-    retries, workers = _retries(cfg), int(cfg.workers)
-    gpus = _local_gpus(gpus_per_job(cfg)) or None  # each worker process keeps one of these (see select_gpu)
+    retries, workers = _retries(cfg), min(int(cfg.workers), len(specs))
+    gpus = _local_gpus(n_gpus) or None  # each worker process keeps one of these (see select_gpu)
 
     def failed(spec: Any, attempt: int, e: BaseException) -> bool:
-        log = _failure_log(out, spec, attempt, e)
-        print(f"[faithshift] run {spec.key} failed (attempt {attempt}/{retries + 1}), log {log}", flush=True)
+        log = _failure_log(out, spec, attempt, e, labels)
+        print(f"[{labels.tag}] {labels.noun} {spec.key} failed (attempt {attempt}/{retries + 1}), log {log}",
+              flush=True)
         return attempt <= retries  # retry?
 
     if workers <= 1:  # in this process (no GPU juggling: the trainer's own device choice applies)
@@ -166,7 +187,7 @@ def select_gpu(gpus: Sequence[str] | None) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus[(ident - 1) % len(gpus)])
 
 
-def slurm_executor(cfg: DictConfig, n_gpus: int) -> Any:
+def slurm_executor(cfg: DictConfig, n_gpus: int, job_name: str = "sift-train") -> Any:
     """A submitit ``SlurmExecutor`` set up from ``cfg.executor`` (partition, GPUs, time, memory, CPUs, array
     parallelism, extra ``#SBATCH`` flags and setup lines)."""
     import submitit
@@ -174,7 +195,7 @@ def slurm_executor(cfg: DictConfig, n_gpus: int) -> Any:
     e = cfg.executor
     folder = Path(str(e.folder)).expanduser().resolve()
     ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
-    params: dict[str, Any] = dict(job_name=str(e.get("job_name") or "sift-train"), time=int(e.timeout_min),
+    params: dict[str, Any] = dict(job_name=str(e.get("job_name") or job_name), time=int(e.timeout_min),
                                   mem=f"{int(e.mem_gb)}GB", cpus_per_task=int(e.cpus_per_task), nodes=1,
                                   ntasks_per_node=1, array_parallelism=int(e.array_parallelism))
     if n_gpus:
@@ -189,16 +210,17 @@ def slurm_executor(cfg: DictConfig, n_gpus: int) -> Any:
     return ex
 
 
-def _run_slurm(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_done: OnDone) -> None:
-    retries, n_gpus = _retries(cfg), gpus_per_job(cfg)
-    ex = slurm_executor(cfg, n_gpus)
+def _run_slurm(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_done: OnDone, labels: JobLabels,
+               n_gpus: int) -> None:
+    retries = _retries(cfg)
+    ex = slurm_executor(cfg, n_gpus, labels.job_name)
     cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     n = len(specs)
     if not n:
         return
     # one array job for every run; the job sees its GPU through SLURM's CUDA_VISIBLE_DEVICES (gpu=None)
     jobs = ex.map_array(fn, [cfg_yaml] * n, [str(out)] * n, list(specs), [None] * n)
-    print(f"[faithshift] submitted {n} runs to SLURM as array job {jobs[0].job_id.split('_')[0]} "
+    print(f"[{labels.tag}] submitted {n} {labels.noun}s to SLURM as array job {jobs[0].job_id.split('_')[0]} "
           f"(logs in {ex.folder})", flush=True)
     pending = [(job, spec, 1) for job, spec in zip(jobs, specs)]
     poll = float(cfg.executor.get("poll_s", 15))
@@ -213,10 +235,10 @@ def _run_slurm(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_d
                     result = job.result()
                 except Exception as e:  # submitit's FailedJobError / UncompletedJobError
                     log = job.paths.stderr
-                    print(f"[faithshift] run {spec.key} failed (attempt {attempt}/{retries + 1}, SLURM job "
+                    print(f"[{labels.tag}] {labels.noun} {spec.key} failed (attempt {attempt}/{retries + 1}, SLURM job "
                           f"{job.job_id}), log {log}", flush=True)
                     if attempt > retries:
-                        raise SiftError(f"run {spec.key} failed {attempt} times on SLURM; last log {log}: "
+                        raise SiftError(f"{labels.noun} {spec.key} failed {attempt} times on SLURM; last log {log}: "
                                         f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}") from e
                     still.append((ex.submit(fn, cfg_yaml, str(out), spec, None), spec, attempt + 1))
                     continue

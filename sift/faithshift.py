@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from sift.atomic import write_json, write_text
 from sift.cli._common import CONFIG_DIR
@@ -93,12 +93,24 @@ class Stage:
             print(f"[faithshift] {self.name} done ({time.time() - self.t0:.0f} s)", flush=True)
 
 
+def corpus_config(cfg: DictConfig, out: Path) -> DictConfig:
+    """The corpus stage's ``sift-corpus`` config: its chunks run on the main job's ``executor`` and ``workers``
+    unless ``corpus_overrides`` set them."""
+    c = compose("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}",
+                           *cfg.corpus_overrides])
+    own = {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.corpus_overrides}
+    with open_dict(c):
+        if "executor" not in own:
+            c.executor = OmegaConf.create(OmegaConf.to_container(cfg.executor, resolve=True))
+        if "workers" not in own:
+            c.workers = int(cfg.workers)
+    return c
+
+
 def build_corpus(cfg: DictConfig, out: Path) -> dict:
     from sift.cli.corpus import run
 
-    c = compose("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}",
-                           *cfg.corpus_overrides])
-    return run(c)
+    return run(corpus_config(cfg, out))
 
 
 def extract(cfg: DictConfig, out: Path) -> dict | None:
@@ -242,8 +254,13 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         except (HydraException, OmegaConfBaseException) as e:
             raise SiftError(f"{what}: {str(e).splitlines()[0]}") from None
 
-    corpus = comp("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}",
-                             *cfg.corpus_overrides], "corpus_overrides")
+    try:
+        corpus = corpus_config(cfg, out)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise SiftError(f"corpus_overrides: {str(e).splitlines()[0]}") from None
+    from sift.corpus.store import engine_config
+
+    validate_executor(engine_config(corpus.executor, corpus.workers))
     comp("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}",
                      *cfg.extract_overrides], "extract_overrides")
     domains = set(corpus.get("domains") or [])

@@ -201,3 +201,41 @@ def test_local_retries_a_failed_run_once(tmp_path, capsys, workers):
     log = tmp_path / "runs" / "main/d/seed0" / "failed-attempt1.log"
     assert "transient failure of main/d/seed0" in log.read_text()
     assert f"run main/d/seed0 failed (attempt 1/2), log {log}" in capsys.readouterr().out
+
+
+def _chunk(tag, chunk):
+    """Stands in for a corpus chunk builder (picklable through functools.partial)."""
+    return [{"item": i, "tag": tag, "job": os.environ.get("SLURM_JOB_ID")} for i in chunk]
+
+
+def test_slurm_runs_the_missing_corpus_chunks_as_one_array_job(tmp_path, cluster, capsys):
+    from functools import partial
+
+    from sift.corpus.store import engine_config, run_chunks
+
+    parts = tmp_path / ".parts"
+    parts.mkdir()
+    (parts / "chunk-0001-h.jsonl").write_text('{"item": 2, "tag": "cached"}\n{"item": 3, "tag": "cached"}\n')
+    engine = engine_config(_cfg(tmp_path, gpus_per_job="auto").executor, 1)
+    recs, reused = run_chunks([[0, 1], [2, 3], [4, 5]], parts, "h", partial(_chunk, "new"), desc="chunks",
+                              progress=False, engine=engine, gpus=1)
+    assert reused == 1 and [r["item"] for r in recs] == list(range(6))
+    assert [r["tag"] for r in recs] == ["new", "new", "cached", "cached", "new", "new"]
+    assert {r["job"] for r in recs if r["tag"] == "new"} == {"100000", "100001"}  # array tasks 0 and 1
+    text = (cluster / "submitted_1000.sh").read_text().splitlines()
+    for line in ("#SBATCH --job-name=sift-corpus", "#SBATCH --array=0-1%2", "#SBATCH --gpus-per-node=1"):
+        assert line in text, line
+    assert "submitted 2 chunks to SLURM as array job 1000" in capsys.readouterr().out
+
+
+def test_the_corpus_stage_takes_the_main_jobs_executor_and_workers(tmp_path):
+    from sift.faithshift import corpus_config
+
+    cfg = compose("faithshift", [f"output_dir={tmp_path}", "executor=slurm", "workers=3",
+                                 "executor.partition=big"])
+    c = corpus_config(cfg, tmp_path)
+    assert c.workers == 3 and c.executor.kind == "slurm" and c.executor.partition == "big"
+    assert c.executor.folder == str(tmp_path / "slurm")
+    own = corpus_config(compose("faithshift", [f"output_dir={tmp_path}", "workers=3",
+                                               "corpus_overrides=['workers=1']"]), tmp_path)
+    assert own.workers == 1 and own.executor.kind == "local"
