@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from sift.atomic import write_json, write_text
 from sift.cli._common import CONFIG_DIR
@@ -93,12 +93,24 @@ class Stage:
             print(f"[faithshift] {self.name} done ({time.time() - self.t0:.0f} s)", flush=True)
 
 
+def corpus_config(cfg: DictConfig, out: Path) -> DictConfig:
+    """The corpus stage's ``sift-corpus`` config: its chunks run on the main job's ``executor`` and ``workers``
+    unless ``corpus_overrides`` set them."""
+    c = compose("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}",
+                           *cfg.corpus_overrides])
+    own = {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.corpus_overrides}
+    with open_dict(c):
+        if "executor" not in own:
+            c.executor = OmegaConf.create(OmegaConf.to_container(cfg.executor, resolve=True))
+        if "workers" not in own:
+            c.workers = int(cfg.workers)
+    return c
+
+
 def build_corpus(cfg: DictConfig, out: Path) -> dict:
     from sift.cli.corpus import run
 
-    c = compose("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}",
-                           *cfg.corpus_overrides])
-    return run(c)
+    return run(corpus_config(cfg, out))
 
 
 def extract(cfg: DictConfig, out: Path) -> dict | None:
@@ -147,39 +159,35 @@ def train_run(cfg: DictConfig, out: Path, spec: RunSpec) -> tuple[dict, dict[str
     return record, predict_run(cfg, out, spec, record)
 
 
-def _train_in_worker(cfg_yaml: str, out: str, spec: RunSpec) -> tuple[dict, dict[str, Path]]:
-    """Process-pool entry point (spawned: configs travel as YAML)."""
-    return train_run(OmegaConf.create(cfg_yaml), Path(out), spec)
+def _train_job(cfg_yaml: str | None, out: str, spec: RunSpec, gpus: list[str] | None,
+               cfg: DictConfig | None = None) -> tuple[dict, dict[str, Path]]:
+    """One training job (a local worker process or a SLURM task; configs travel as YAML). ``gpus``: the GPUs
+    a local worker may take one of (a SLURM task gets its own through ``CUDA_VISIBLE_DEVICES``)."""
+    from sift.engine import select_gpu
+
+    select_gpu(gpus)
+    return train_run(cfg if cfg is not None else OmegaConf.create(cfg_yaml), Path(out), spec)
 
 
 def train_all(cfg: DictConfig, out: Path,
               specs: list[RunSpec]) -> tuple[dict[str, dict], dict[str, dict[str, Path]]]:
-    """Train every run and write its predictions, ``cfg.workers`` processes at a time (SIFT runs first, the long
-    ones); finished runs are skipped by run hash and up-to-date predictions reused."""
-    from concurrent.futures import as_completed
-
-    from sift.workers import process_pool
+    """Train every run and write its predictions on ``cfg.executor`` (``local``: ``cfg.workers`` processes at a
+    time; ``slurm``: an array job), SIFT runs first (the long ones); finished runs are skipped by run hash and
+    up-to-date predictions reused; a failed run is retried ``executor.retries`` times."""
+    from sift.engine import run_jobs
 
     order = sorted(specs, key=lambda s: (s.detector != "sift", s.key))
     records: dict[str, dict] = {}
     preds: dict[str, dict[str, Path]] = {}
 
-    def done(i: int, spec: RunSpec, result: tuple[dict, dict[str, Path]]) -> None:
+    def done(spec: RunSpec, result: tuple[dict, dict[str, Path]]) -> None:
         records[spec.key], preds[spec.key] = result
         m = records[spec.key].get("metrics", {})
-        print(f"[faithshift] run {i}/{len(order)} done: {spec.key} "
+        print(f"[faithshift] run {len(records)}/{len(order)} done: {spec.key} "
               f"val/auroc={m.get('val/auroc') or float('nan'):.3f} ({records[spec.key].get('time_s', 0):.0f} s)",
               flush=True)
 
-    if int(cfg.workers) <= 1:
-        for i, spec in enumerate(order, 1):
-            done(i, spec, train_run(cfg, out, spec))
-        return records, preds
-    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-    with process_pool(int(cfg.workers)) as pool:  # a failure, Ctrl-C or SIGTERM stops every worker at once
-        jobs = {pool.submit(_train_in_worker, cfg_yaml, str(out), spec): spec for spec in order}
-        for i, job in enumerate(as_completed(jobs), 1):
-            done(i, jobs[job], job.result())
+    run_jobs(cfg, out, order, _train_job, done)
     return records, preds
 
 
@@ -249,6 +257,9 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         for det, cap in (cfg.get(key) or {}).items():
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
                 raise SiftError(f"{key}.{det}: a cap must be an integer >= 1, got {cap!r}")
+    from sift.engine import validate_executor
+
+    validate_executor(cfg)
 
     def comp(name: str, overrides: list[str], what: str) -> DictConfig:
         try:
@@ -256,8 +267,13 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         except (HydraException, OmegaConfBaseException) as e:
             raise SiftError(f"{what}: {str(e).splitlines()[0]}") from None
 
-    corpus = comp("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}",
-                             *cfg.corpus_overrides], "corpus_overrides")
+    try:
+        corpus = corpus_config(cfg, out)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise SiftError(f"corpus_overrides: {str(e).splitlines()[0]}") from None
+    from sift.corpus.store import engine_config
+
+    validate_executor(engine_config(corpus.executor, corpus.workers))
     comp("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}",
                      *cfg.extract_overrides], "extract_overrides")
     domains = set(corpus.get("domains") or [])
@@ -308,7 +324,9 @@ def _run_stages(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> dict[str, A
         build_corpus(cfg, out)
     with Stage("trajectories"):
         extract(cfg, out)
-    with Stage(f"training {len(specs)} runs + predictions ({cfg.workers} at a time)"):
+    where = (f"{cfg.workers} at a time" if cfg.executor.kind == "local"
+             else f"on {cfg.executor.kind}, {cfg.executor.array_parallelism} at a time")
+    with Stage(f"training {len(specs)} runs + predictions ({where})"):
         _, preds = train_all(cfg, out, specs)
     write_json(out / "runs" / "index.json",
                [{"key": s.key, "group": s.group, "detector": s.detector, "seed": s.seed, **s.tags,

@@ -10,11 +10,65 @@ import signal
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+from omegaconf import DictConfig
 
 from sift.errors import SiftError
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[2] / "configs")
+from sift.resources import config_dir, register_resolvers
+
+register_resolvers()
+
+#: sift's Hydra configs (package data); ``--config-dir DIR`` on any command adds a folder that overrides them
+CONFIG_DIR = str(config_dir())
+
+#: the environment variable naming the user's config folder (searched before sift's own configs)
+USER_CONFIG_ENV = "SIFT_CONFIG_DIR"
+
+
+def _pop_config_dir(argv: list[str]) -> str | None:
+    """Remove ``--config-dir DIR`` / ``--config-dir=DIR`` / ``-cd DIR`` from ``argv``; return DIR (or None)."""
+    for i, a in enumerate(argv):
+        if a in ("--config-dir", "-cd"):
+            if i + 1 >= len(argv):
+                raise SiftError(f"{a}: expected a folder of configs after it")
+            d = argv[i + 1]
+            del argv[i:i + 2]
+            return d
+        if a.startswith("--config-dir="):
+            del argv[i]
+            return a.split("=", 1)[1]
+    return None
+
+
+def sift_main(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
+    """``hydra.main`` over sift's packaged configs, where ``--config-dir DIR`` overrides them: a file in DIR
+    (a primary config like ``train.yaml`` or a group option like ``detector/sift.yaml``) wins over sift's,
+    and new group options in DIR become selectable. DIR travels to worker processes as ``$SIFT_CONFIG_DIR``."""
+    import functools
+
+    import hydra
+
+    def deco(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
+        @functools.wraps(task)
+        def main() -> Any:
+            prog = Path(sys.argv[0]).name
+            try:
+                user = _pop_config_dir(sys.argv)
+                if user is not None and not Path(user).is_dir():
+                    raise SiftError(f"--config-dir {user}: no such folder")
+            except SiftError as e:
+                print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+                sys.exit(2)
+            if user is not None:
+                os.environ[USER_CONFIG_ENV] = str(Path(user).resolve())
+            return hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name=config_name)(task)()
+
+        return main
+
+    return deco
+
 
 #: the signal that interrupted this process (set by the SIGTERM handler and by Ctrl-C)
 _interrupted: dict[str, int] = {}

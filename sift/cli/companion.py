@@ -7,11 +7,10 @@ the ``companion`` group, which ``sift-evaluate`` shares.
 
 from __future__ import annotations
 
-import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from sift.cli._common import CONFIG_DIR, clean_failure
+from sift.cli._common import clean_failure, sift_main
 
 PRIMARY = {
     "defaults": [{"companion": "all"}, {"override hydra/job_logging": "stdout"}, "_self_"],
@@ -39,7 +38,7 @@ def run(cfg: DictConfig) -> dict:
     return {"report": str(report), "results": str(results), "sections": [s.key for s in sections]}
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="sift_companion")
+@sift_main("sift_companion")
 def main(cfg: DictConfig) -> None:
     with clean_failure("sift-companion", cfg.output_dir):
         r = run(cfg)

@@ -1,11 +1,11 @@
-"""``sift-corpus``: build a FaithShift trace corpus (Hydra overrides, e.g. ``n_items=100 source=hf``)."""
+"""``sift-corpus``: build a FaithShift trace corpus (Hydra overrides, e.g. ``n_items=100 source=hf``); its chunks
+run as jobs on ``executor=local`` (``workers`` processes) or ``executor=slurm`` (an array job)."""
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sift.cli._common import CONFIG_DIR, clean_failure
+from sift.cli._common import clean_failure, sift_main
 
 
 def run(cfg: DictConfig) -> dict:
@@ -26,7 +26,12 @@ def _build(cfg: DictConfig) -> dict:
     n = cfg.get("n_items")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise SiftError(f"n_items: expected a positive integer, got {n!r}")
+    from sift.corpus.store import engine_config
+    from sift.engine import validate_executor
+
     src = cfg.source
+    engine = engine_config(cfg.executor, cfg.workers)
+    validate_executor(engine)
     if src.type == "organism":
         from sift.corpus.build import CorpusConfig, build_corpus
         from sift.organism import DEFAULT_CHECKPOINTS
@@ -37,7 +42,7 @@ def _build(cfg: DictConfig) -> dict:
                           p_cue=src.p_cue, p_cue_correct=src.p_cue_correct, do_sample=src.do_sample,
                           sampling_seed=src.sampling_seed, top_p=src.top_p, audit_seeds=src.audit_seeds,
                           chunk_items=src.chunk_items, batch_size=src.batch_size)
-        return build_corpus(cc, cfg.output_dir)
+        return build_corpus(cc, cfg.output_dir, engine=engine)
     if src.type == "hf":
         from sift.lm.real_corpus import RealCorpusConfig, build_real_corpus
 
@@ -50,11 +55,11 @@ def _build(cfg: DictConfig) -> dict:
                               answer_tokens=s["answer_tokens"], chunk_items=s["chunk_items"],
                               batch_size=s["batch_size"], device=s["device"], dtype=s["dtype"],
                               system_prompt=s["system_prompt"])
-        return build_real_corpus(rc, cfg.output_dir)
+        return build_real_corpus(rc, cfg.output_dir, engine=engine)
     raise SiftError(f"source.type must be 'organism' or 'hf', got {src.type!r}")
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="corpus")
+@sift_main("corpus")
 def main(cfg: DictConfig) -> None:
     with clean_failure("sift-corpus", cfg.output_dir):
         m = run(cfg)

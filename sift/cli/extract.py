@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from sift.cli._common import CONFIG_DIR, clean_failure
+from sift.cli._common import clean_failure, sift_main
 
 
 def run(cfg: DictConfig) -> dict | None:
@@ -26,7 +25,7 @@ def run(cfg: DictConfig) -> dict | None:
                           progress=cfg.progress)
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="extract")
+@sift_main("extract")
 def main(cfg: DictConfig) -> None:
     with clean_failure("sift-extract", cfg.output_dir):
         m = run(cfg)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hydra
 from omegaconf import DictConfig
 
-from sift.cli._common import CONFIG_DIR, clean_failure
+from sift.cli._common import clean_failure, sift_main
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="faithshift")
+@sift_main("faithshift")
 def main(cfg: DictConfig) -> None:
     from sift.faithshift import run_faithshift
 

@@ -37,17 +37,19 @@ import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 from sift import __version__
 from sift.corpus.build import build_pairs
 from sift.corpus.conditions import AXES, check_conditions
 from sift.corpus.manifest import build_manifest
-from sift.corpus.store import run_chunks, write_corpus
+from sift.corpus.store import engine_config, run_chunks, write_corpus
 from sift.corpus.verify import label_records
 from sift.errors import SiftError
 from sift.lm.items import FORMATS, LMItem, from_reasoning_gym, load_items
@@ -425,14 +427,62 @@ def load_corpus_items(cfg: RealCorpusConfig) -> list[LMItem]:
     return items
 
 
+#: models loaded in this process, by family label: (corpus config hash, source); a chunk worker keeps its models
+#: for its next chunks, and :func:`build_real_corpus` drops them when it returns
+_LOADED: dict[str, tuple[str, LMSource]] = {}
+
+
+def lm_source(cfg: RealCorpusConfig, chash: str, k: int) -> LMSource:
+    """Model ``k`` of ``cfg``, loaded once per process and corpus hash."""
+    fam = cfg.labels()[k]
+    if _LOADED.get(fam, ("",))[0] != chash:
+        _LOADED.pop(fam, None)
+        _LOADED[fam] = (chash, LMSource.load(fam, cfg.models[k], device=cfg.device, dtype=cfg.dtype,
+                                             batch_size=cfg.batch_size, system_prompt=cfg.system_prompt))
+    return _LOADED[fam][1]
+
+
+def chunk_records(cfg: RealCorpusConfig, chash: str, chunk: list[LMItem],
+                  sources: Mapping[str, LMSource] | None = None) -> list[dict]:
+    """Every model's verified records of one chunk (a corpus job: picklable through ``functools.partial``);
+    ``sources`` (family → model in memory) skip loading."""
+    labels = cfg.labels()
+    recs: list[dict] = []
+    for k in range(len(cfg.models)):
+        conds = cfg.conditions if k == 0 or cfg.family_conditions == "all" else ["base"]
+        src = sources[labels[k]] if sources and labels[k] in sources else lm_source(cfg, chash, k)
+        recs += build_chunk_for(src, chunk, cfg, chash, conds)
+    return recs
+
+
+def chunk_gpus(engine: DictConfig | None, device: str) -> int:
+    """GPUs per chunk job: ``executor.gpus_per_job``, or with ``auto`` 1 when the models run on CUDA."""
+    g = engine.executor.get("gpus_per_job", "auto") if engine is not None else "auto"
+    if g == "auto":
+        return int(str(device).startswith("cuda"))
+    if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+        raise SiftError(f"executor.gpus_per_job: expected auto or an integer >= 0, got {g!r}")
+    return g
+
+
 def build_real_corpus(cfg: RealCorpusConfig, out_dir: str | Path, progress: bool = True,
-                      sources: dict[str, LMSource] | None = None) -> dict[str, Any]:
+                      sources: dict[str, LMSource] | None = None,
+                      engine: DictConfig | None = None) -> dict[str, Any]:
     """Generate, verify and pair on real LMs; write traces.jsonl, pairs.jsonl and manifest.json to ``out_dir``.
 
-    ``sources`` (family label → :class:`LMSource`) skips loading, e.g. for models already in memory.
+    ``sources`` (family label → :class:`LMSource`) skips loading, e.g. for models already in memory (the chunks
+    then run in this process). ``engine`` (:func:`sift.corpus.store.engine_config`): where the chunks not yet
+    built run, each job loading its models once (default: one after the other, here).
     """
+    try:
+        return _build_real_corpus(cfg, Path(out_dir), progress, sources, engine)
+    finally:
+        _LOADED.clear()  # free the models this process loaded (a worker's stay until it exits)
+
+
+def _build_real_corpus(cfg: RealCorpusConfig, out_dir: Path, progress: bool, sources: dict[str, LMSource] | None,
+                       engine: DictConfig | None) -> dict[str, Any]:
     cfg.validate()
-    out_dir = Path(out_dir)
     labels = cfg.labels()
     # model fingerprints (weights of a folder or file; the name for a cached hub model) are part of the key
     chash = config_hash({**asdict(cfg), "models": [model_fingerprint(m) for m in cfg.models]})
@@ -440,28 +490,27 @@ def build_real_corpus(cfg: RealCorpusConfig, out_dir: str | Path, progress: bool
     parts.mkdir(parents=True, exist_ok=True)
     items = load_corpus_items(cfg)
     chunks = [items[i:i + cfg.chunk_items] for i in range(0, len(items), cfg.chunk_items)]
-    loaded: dict[str, LMSource] = dict(sources or {})
-
-    def source(k: int) -> LMSource:
-        fam = labels[k]
-        if fam not in loaded:
-            loaded[fam] = LMSource.load(fam, cfg.models[k], device=cfg.device, dtype=cfg.dtype,
-                                        batch_size=cfg.batch_size, system_prompt=cfg.system_prompt)
-        return loaded[fam]
-
+    if sources:
+        if engine is not None and (engine.executor.kind != "local" or int(engine.workers) > 1):
+            raise SiftError("build_real_corpus: models passed in memory (sources) run in this process; "
+                            "use executor=local workers=1, or pass no sources")
+        build = partial(chunk_records, cfg, chash, sources=sources)
+    else:
+        build = partial(chunk_records, cfg, chash)
     t0 = time.time()
-    def build(chunk) -> list[dict]:
-        recs: list[dict] = []
-        for k in range(len(cfg.models)):
-            conds = cfg.conditions if k == 0 or cfg.family_conditions == "all" else ["base"]
-            recs += build_chunk_for(source(k), chunk, cfg, chash, conds)
-        return recs
-
-    records, reused = run_chunks(chunks, parts, chash, build, desc="real-LM corpus chunks", progress=progress)
+    engine = engine if engine is not None else engine_config()
+    records, reused = run_chunks(chunks, parts, chash, build, desc="real-LM corpus chunks", progress=progress,
+                                 engine=engine, gpus=chunk_gpus(engine, cfg.device))
     pairs = build_pairs(records, SimpleNamespace(families=labels, conditions=cfg.conditions))
     from sift.corpus.audit import prompt_states_for
 
-    states, why = prompt_states_for(loaded, records)  # models loaded for generation; one pass over the prompts
+    # the prompt-only control needs the models: those given, else when this job built a chunk (as before jobs:
+    # a fully reused corpus skips it); loaded here once if the chunks ran in other processes
+    loaded: dict[str, LMSource] = dict(sources or {})
+    if reused < len(chunks):
+        loaded.update({labels[k]: lm_source(cfg, chash, k) for k in range(len(cfg.models))
+                       if labels[k] not in loaded})
+    states, why = prompt_states_for(loaded, records)  # one pass over the prompts
     manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
                               seconds=round(time.time() - t0, 1), chunks_reused=reused, prompt_states=states,
                               prompt_states_reason=why)

@@ -6,7 +6,8 @@ is read from the cue (silently: unfaithful) or from the chain of thought (misled
 is the same for both; the mechanism lives in the computation (sift.organism.render).
 """
 
-from pathlib import Path
+from sift.resources import organism_checkpoints
 
-DEFAULT_CHECKPOINTS = Path(__file__).resolve().parents[2] / "checkpoints" / "organism"
-"""The shipped organism weights (``checkpoints/organism/{gpt2,llama}`` in the repository)."""
+DEFAULT_CHECKPOINTS = organism_checkpoints()
+"""The shipped organism weights: package data ``sift/weights/organism/{gpt2,llama}`` (``checkpoints/organism/``
+in the repository is a link to it)."""

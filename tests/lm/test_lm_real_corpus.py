@@ -101,6 +101,21 @@ def test_resume_reuses_chunks(built):
     assert again["axes"] == manifest["axes"]
 
 
+def test_chunks_in_two_worker_processes_give_the_same_corpus(built, tmp_path):
+    """Each chunk a job in a spawned worker that loads the models itself: the same bytes as the serial build."""
+    from sift.corpus.store import engine_config
+
+    cfg, out, manifest = built
+    m = build_real_corpus(cfg, tmp_path, progress=False, engine=engine_config(None, 2))
+    for name in ("traces.jsonl", "pairs.jsonl"):
+        assert (tmp_path / name).read_bytes() == (out / name).read_bytes()
+    assert m["axes"] == manifest["axes"] and m["chunks_reused"] == 0
+    assert m["controls_audit"] == manifest["controls_audit"]  # the prompt-only control ran here, as before
+    with pytest.raises(SiftError, match="models passed in memory"):
+        build_real_corpus(cfg, tmp_path / "again", progress=False, sources={"x": None},
+                          engine=engine_config(None, 2))
+
+
 def test_altering_conditions_on_verified_bases(tiny_dirs, tmp_path, monkeypatch):
     """With labels forced (1, 1, 0, ...), cue injection / verbalization are built on the right bases."""
     cycle = itertools.cycle([1, 1, 0])
