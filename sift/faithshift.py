@@ -253,6 +253,11 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
                 raise SiftError(f"{key}: seeds must be non-negative integers, got {s!r}")
     if not cfg.detectors:
         raise SiftError("detectors: the main job needs at least one detector")
+    known = {*cfg.detectors, *(cfg.get("controls") or [])}
+    for det in cfg.get("undertrained_detectors") or []:
+        if det not in known:
+            raise SiftError(f"undertrained_detectors: {det!r} is not one of the job's detectors or controls "
+                            f"({sorted(known)})")
     for key in ("max_epochs_by_detector", "max_steps_by_detector"):
         for det, cap in (cfg.get(key) or {}).items():
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:

@@ -15,6 +15,7 @@ the corpus (verified pairs, trace metadata) and the config. Run groups map onto 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,17 @@ from sift.report import Section
 TRANSFER_SETTING = {"transfer_domain": "cross-domain", "transfer_model": "cross-model"}
 
 
-def load_predictions(specs: list, files: dict[str, dict[str, Path]]) -> list[Predictions]:
-    """Every saved prediction table, tagged for :func:`sift.evaluation.run.report_from_predictions`."""
+def load_predictions(specs: list, files: dict[str, dict[str, Path]],
+                     below_full: Collection[str] = ()) -> list[Predictions]:
+    """Every saved prediction table, tagged for :func:`sift.evaluation.run.report_from_predictions`.
+    ``below_full``: detectors the preset declares too small to train to their full-preset AUROC (the
+    preset's ``undertrained_detectors``); their rows are marked undertrained."""
     out: list[Predictions] = []
     for spec in specs:
         for split, path in files.get(spec.key, {}).items():
             p = Predictions.load(path)
+            if spec.detector in below_full:
+                p.meta["below_full"] = True
             if spec.group == "ablation":
                 p.meta["ablation"] = spec.tags["ablation"]
             if spec.group == "factorial":  # its own row (e.g. sift_erm), as the factorial analysis names it
@@ -261,7 +267,7 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     corpus = out / "corpus"
     report_dir = out / "report"
     pairs = Pairs.from_corpus(corpus)
-    preds = load_predictions(specs, files)
+    preds = load_predictions(specs, files, below_full=list(cfg.get("undertrained_detectors") or []))
     preds += instance_ensembles(preds, list(cfg.instance_ensemble))
     preds += instance_ensemble_transfer(specs, files, list(cfg.instance_ensemble))
     main = {}

@@ -91,8 +91,9 @@ UNDERTRAINED_MARK = "⚠"
 
 def undertrained(runs: Sequence[Predictions]) -> str | None:
     """``"undertrained (<preset>)"`` when a run of a row stopped at the epoch cap while still improving
-    (``meta['converged'] is False``, from the run's training record), else None."""
-    bad = [p for p in runs if p.meta.get("converged") is False]
+    (``meta['converged'] is False``, from the run's training record) or its preset declares the detector too
+    small to reach its full-preset AUROC (``meta['below_full']``), else None."""
+    bad = [p for p in runs if p.meta.get("converged") is False or p.meta.get("below_full")]
     if not bad:
         return None
     preset = next((str(p.meta["preset"]) for p in bad if p.meta.get("preset")), "")
@@ -103,9 +104,11 @@ def _undertrained_note(labels: dict[str, str]) -> list[str]:
     if not labels:
         return []
     rows = ", ".join(f"{r} ({lab})" for r, lab in labels.items())
-    return ["", f"{UNDERTRAINED_MARK} {rows}: training hit the preset's epoch cap while the validation metric was "
-                f"still improving (`training.converged = false` in the runs' results.json); these are the numbers "
-                f"of an undertrained detector, not of the method. Use a larger preset for them."]
+    return ["", f"{UNDERTRAINED_MARK} {rows}: training hit the preset's cap while the validation metric was "
+                f"still improving (`training.converged = false` in the runs' results.json), or the preset's data "
+                f"is too small for the detector to come within 0.05 AUROC of the `full` preset (its "
+                f"`undertrained_detectors`, measured); these are the numbers of an undertrained detector, not of "
+                f"the method. Use a larger preset for them."]
 
 
 def deterministic_seeds(runs: Sequence[Predictions]) -> bool:

@@ -175,3 +175,23 @@ def test_rows_of_undertrained_runs_are_marked():
     assert "| sift ⚠ undertrained (quick) |" in s.markdown and "| probe |" in s.markdown
     e = ensemble_table({"sift": [capped, done]}, toy.pairs(), n_resamples=0)
     assert "sift (single, 2 seeds) ⚠ undertrained (quick)" in e.markdown
+
+
+def test_rows_the_preset_declares_below_full_are_marked(tmp_path):
+    from pathlib import Path
+
+    from sift.evaluation.faithshift_report import load_predictions
+    from sift.faithshift import RunSpec
+
+    small = toy.predictions(0, "mlp")
+    small.meta.update(converged=True, preset="quick")   # converged, but the preset's data is too small for it
+    path = small.save(tmp_path / "test.npz")
+    specs = [RunSpec("main/mlp/seed0", "main", "mlp", 0), RunSpec("main/toy/seed0", "main", "toy", 0)]
+    files = {"main/mlp/seed0": {"test": Path(path)},
+             "main/toy/seed0": {"test": Path(toy.predictions(0).save(tmp_path / "toy.npz"))}}
+    preds = load_predictions(specs, files, below_full=["mlp"])
+    by = {p.detector: [p] for p in preds}
+    s = main_table(by, toy.pairs(), n_resamples=0)
+    assert s.results["detectors"]["mlp"]["undertrained"] == "undertrained (quick)"
+    assert s.results["detectors"]["toy"]["undertrained"] is None
+    assert "0.05 AUROC of the `full` preset" in s.markdown

@@ -100,3 +100,6 @@ def test_step_caps_per_detector_reach_each_run_and_bad_caps_are_refused(tmp_path
     bad = compose("faithshift", [f"output_dir={tmp_path}", "preset=quick", "max_steps_by_detector={sift: 0}"])
     with pytest.raises(SiftError, match="max_steps_by_detector.sift"):
         validate_plan(bad, tmp_path / "x")
+    typo = compose("faithshift", [f"output_dir={tmp_path}", "preset=quick", "undertrained_detectors=[instance]"])
+    with pytest.raises(SiftError, match="undertrained_detectors: 'instance'"):
+        validate_plan(typo, tmp_path / "y")
