@@ -36,7 +36,8 @@ def test_irm_penalty_equals_squared_gradient_when_halves_agree():
     assert irm_penalty(torch.tensor([0.5]), torch.tensor([1.0])).item() == 0.0
 
 
-def test_sift_objective_sums_env_risks_and_penalties():
+def _small_sift(**kw):
+    """A tiny SIFT (λ_IRM 2, DANN 0.5, no dropout) and one environment batch of the synthetic DataModule."""
     from datamodules.synthetic_datamodule import SyntheticDataModule
     from sift.detectors import DataSpec, SIFTDetector
 
@@ -44,13 +45,16 @@ def test_sift_objective_sums_env_risks_and_penalties():
     dm.setup()
     torch.manual_seed(0)
     m = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), d_model=16, filters=4, n_layers=1, n_heads=2,
-                     dim_feedforward=16, mlp_hidden=8, dann_hidden=8, dropout=0.0, irm_lambda=2.0, dann_weight=0.5)
-    envs = next(iter(dm.train_dataloader()))
+                     dim_feedforward=16, mlp_hidden=8, dann_hidden=8, dropout=0.0, irm_lambda=2.0, dann_weight=0.5,
+                     **kw)
     m.log = lambda *a, **k: None
     m.train()
-    torch.manual_seed(1)
-    loss = m.training_step(envs, 0)
-    # recompute by hand from one concatenated forward pass (same BatchNorm statistics)
+    return m, next(iter(dm.train_dataloader())), dm
+
+
+def _objective_terms(m, envs):
+    """Σ_e R_e, Σ_e Ω_IRM and the DANN loss by hand, from one concatenated forward pass (same BatchNorm
+    statistics as ``training_step``)."""
     from sift.detectors import concat_batches
 
     cat = concat_batches(envs)
@@ -58,7 +62,14 @@ def test_sift_objective_sums_env_risks_and_penalties():
     sizes = [len(b) for b in envs]
     risk = sum(F.binary_cross_entropy_with_logits(l, b.label) for l, b in zip(logits.split(sizes), envs))
     irm = sum(irm_penalty(l, b.label) for l, b in zip(logits.split(sizes), envs))
-    dann = F.cross_entropy(m.domain_classifier(z), cat.env)
+    return risk, irm, F.cross_entropy(m.domain_classifier(z), cat.env)
+
+
+def test_sift_objective_sums_env_risks_and_penalties():
+    m, envs, _ = _small_sift()
+    torch.manual_seed(1)
+    loss = m.training_step(envs, 0)
+    risk, irm, dann = _objective_terms(m, envs)
     assert loss.item() == pytest.approx((risk + 2.0 * irm + 0.5 * dann).item(), rel=1e-5)
 
 
@@ -151,27 +162,13 @@ def test_dann_schedule_and_discriminator_learning_rate():
 
 
 def test_penalty_schedule_starts_at_zero_then_ramps(monkeypatch):
-    from datamodules.synthetic_datamodule import SyntheticDataModule
-    from sift.detectors import DataSpec, SIFTDetector, concat_batches
+    from sift.detectors import DataSpec, SIFTDetector
     from sift.detectors.module import ramp_factor
 
     assert [ramp_factor(s, 10, 20) for s in (0, 9, 10, 15, 20, 30, 99)] == [0, 0, 0, 0.25, 0.5, 1, 1]
     assert ramp_factor(10, 10, 0) == 1.0 and ramp_factor(0, 0, 0) == 1.0
-    dm = SyntheticDataModule(n_items=40, t_max=20)
-    dm.setup()
-    torch.manual_seed(0)
-    m = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), d_model=16, filters=4, n_layers=1, n_heads=2,
-                     dim_feedforward=16, mlp_hidden=8, dann_hidden=8, dropout=0.0, irm_lambda=2.0, dann_weight=0.5,
-                     penalty_start_steps=10, penalty_ramp_steps=20)
-    envs = next(iter(dm.train_dataloader()))
-    m.log = lambda *a, **k: None
-    m.train()
-    cat = concat_batches(envs)
-    logits, z = m.encode(cat)
-    sizes = [len(b) for b in envs]
-    risk = sum(F.binary_cross_entropy_with_logits(l, b.label) for l, b in zip(logits.split(sizes), envs))
-    irm = sum(irm_penalty(l, b.label) for l, b in zip(logits.split(sizes), envs))
-    dann = F.cross_entropy(m.domain_classifier(z), cat.env)
+    m, envs, dm = _small_sift(penalty_start_steps=10, penalty_ramp_steps=20)
+    risk, irm, dann = _objective_terms(m, envs)
     for step, factor in ((0, 0.0), (20, 0.5), (40, 1.0)):
         monkeypatch.setattr(SIFTDetector, "global_step", property(lambda self, s=step: s))
         loss = m.training_step(envs, 0)
