@@ -33,14 +33,15 @@ import numpy as np
 
 from sift.errors import SiftError
 from sift.evaluation.analysis import (NAN, Items, RunData, SelectiveConfig, bootstrap_vector, calibration_source,
-                                      check_same_split, common_items, fast_auroc, fmt, fmt_ci, group_runs,
+                                      check_same_split, common_items, fmt, fmt_ci, group_runs,
                                       match_calibration, num, preserving_axes, split_strata)
 from sift.evaluation.controls import (NOT_ABOVE, control_margins, is_control, margin_cell, order_rows,
                                       with_group_rows)
-from sift.evaluation.metrics import harmonic_mfs
 from sift.evaluation.predictions import Pairs, Predictions, average
 from sift.metrics import (UndefinedMetricWarning, benjamini_hochberg, mcnemar, risk_upper_bound,
                           seed_repeat_decomposition, select_top)
+from sift.metrics.classification import auroc_kernel
+from sift.metrics.invariance import mfs_compute
 from sift.report import Section, markdown_table
 
 DEFAULT_COVERAGES = (0.05, 0.25, 0.45, 0.65, 0.85, 1.00)  # paper Table 3 (a)
@@ -502,7 +503,7 @@ def _mfs_at(rd: RunData, prow: np.ndarray, trow: np.ndarray, coverage: float) ->
     certified[trow[keep]] = True
     sel = certified[rd.p_src[prow]] & certified[rd.p_dst[prow]]
     _, ivr, as_ = rd.pair_rates(prow, sel)
-    return harmonic_mfs(ivr, as_, coverage)
+    return mfs_compute(ivr, as_, coverage)
 
 
 def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | None = None, *,
@@ -744,7 +745,7 @@ def transfer_matrix(preds: Mapping[tuple[str, str], Predictions | Sequence[Predi
                 vals = []
                 for r, ix in zip(runs, idx):
                     rows = ix.rows(drawn)
-                    vals.append(fast_auroc(r.prob[rows], r.label[rows]) if rows.size else NAN)
+                    vals.append(auroc_kernel(r.prob[rows], r.label[rows]) if rows.size else NAN)
                 return np.array([_seed_mean(vals)])
 
             est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
