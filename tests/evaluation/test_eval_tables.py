@@ -10,8 +10,11 @@ from sklearn.metrics import roc_auc_score
 import ev_toy as toy
 from ev_toy import CERT, est
 from sift.evaluation.predictions import Predictions
-from sift.evaluation.tables import (ablation_table, ensemble_table, main_table, selective_risk_section,
-                                    transfer_matrix)
+from sift.evaluation.sections.ablations import ablation_table
+from sift.evaluation.sections.ensemble import ensemble_table
+from sift.evaluation.sections.main_table import main_table
+from sift.evaluation.sections.selective_risk import selective_risk_section
+from sift.evaluation.sections.transfer_matrix import transfer_matrix
 
 
 def test_main_table_hand_values():

@@ -10,7 +10,9 @@ from sift.evaluation.analysis import Items, bootstrap_vector, split_strata
 from sift.metrics.bootstrap import draw_clusters
 from sift.evaluation.predictions import Pairs, Predictions
 from ev_toy import CERT, est
-from sift.evaluation.tables import IN_DIST, ensemble_table, main_table, transfer_matrix
+from sift.evaluation.sections.ensemble import ensemble_table
+from sift.evaluation.sections.main_table import main_table
+from sift.evaluation.sections.transfer_matrix import IN_DIST, transfer_matrix
 
 
 def cell(probs, items=("a", "b", "c", "d"), labels=(0, 0, 1, 1), detector="sift", seed=0, split="test",

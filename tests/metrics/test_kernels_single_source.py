@@ -22,7 +22,10 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]
 import ev_toy as toy  # noqa: E402
 
 from sift.companion import _stats, system1  # noqa: E402
-from sift.evaluation import analysis, appendix_common, appendix_detectors, metrics, tables  # noqa: E402, F401
+from sift.evaluation import analysis, appendix_common, appendix_detectors, metrics  # noqa: E402, F401
+from sift.evaluation.sections.main_table import main_table  # noqa: E402
+from sift.evaluation.sections.selective_risk import selective_risk_section  # noqa: E402
+from sift.evaluation.sections.transfer_matrix import transfer_matrix  # noqa: E402
 from sift.metrics import (  # noqa: E402
     auroc,
     benjamini_hochberg,
@@ -57,19 +60,19 @@ def patch_kernel(monkeypatch, home, name: str, fake) -> list[str]:
 
 def _main(**kw):
     runs = {"toy": [toy.predictions(0), toy.predictions(1)]}
-    return tables.main_table(runs, toy.pairs(), selective=toy.CERT, n_resamples=0, **kw).results["detectors"]["toy"]
+    return main_table(runs, toy.pairs(), selective=toy.CERT, n_resamples=0, **kw).results["detectors"]["toy"]
 
 
 # ------------------------------------------------------------------------------------- the kernels' callers
 def test_auroc_kernel_feeds_tables_appendix_and_companion(monkeypatch):
     hit = patch_kernel(monkeypatch, classification, "auroc_kernel", lambda s, y: 0.625)
-    assert {"sift.evaluation.analysis", "sift.evaluation.tables", "sift.evaluation.appendix_detectors",
-            "sift.companion.system1"} <= set(hit)
+    assert {"sift.evaluation.analysis", "sift.evaluation.sections.transfer_matrix",
+            "sift.evaluation.appendix_detectors", "sift.companion.system1"} <= set(hit)
     assert _main()["in_dist_auroc"]["estimate"] == 0.625
     assert auroc([0.1, 0.9], [0, 1]) == 0.625
     assert system1.selective_auroc([0, 1, 1], [0.2, 0.3, 0.9]) == 0.625
     cells = {("a", "a"): [toy.predictions(0)]}
-    assert tables.transfer_matrix(cells, n_resamples=0).results["auroc"] == [[0.625]]
+    assert transfer_matrix(cells, n_resamples=0).results["auroc"] == [[0.625]]
 
 
 def test_ivr_as_mfs_kernels_feed_every_caller(monkeypatch):
@@ -112,7 +115,7 @@ def test_binomial_bound_feeds_sgr_tables_appendix_and_companion(monkeypatch):
     assert {"sift.metrics.selective"} <= set(hit)
     assert selective.sgr([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5]).bound_value == 0.0625
     assert sgr_threshold([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5]) == 0.5   # bound 0.0625 <= alpha
-    sec = tables.selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), n_resamples=0)
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), n_resamples=0)
     assert sec.results["detectors"]["toy"]["by_coverage"]["1.0"]["bound"] == 0.0625
     assert _stats.clopper_pearson(3, 10)[1] == 0.0625
 
