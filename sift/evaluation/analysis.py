@@ -170,6 +170,14 @@ class RunData:
         return out
 
 
+def seed_mean(values: Sequence[float | None]) -> float:
+    """Mean over seeds of per-seed values, NaN/None seeds left out (NaN if none is left): how every table and
+    appendix analysis aggregates a detector's seeds."""
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if v.size else NAN
+
+
 def split_strata(items: Items, splits: Sequence[Sequence[Predictions]]) -> np.ndarray | None:
     """Stratum of every item for :func:`bootstrap_vector`: items in the same set of evaluated splits (each entry
     of ``splits`` = the runs on one split) share a stratum, so every replicate keeps each split's item count.

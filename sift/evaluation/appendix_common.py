@@ -187,12 +187,6 @@ def operating_metrics(
     return ivr, asv, kappa, mfs_compute(ivr, asv, kappa)
 
 
-def seed_mean(values: Sequence[float]) -> float:
-    v = np.asarray(values, float)
-    v = v[~np.isnan(v)]
-    return float(v.mean()) if v.size else math.nan
-
-
 # ------------------------------------------------------------------------------------------ corpus traces
 
 

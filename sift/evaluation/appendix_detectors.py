@@ -15,6 +15,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from sift.errors import SiftError
+from sift.evaluation.analysis import seed_mean
 from sift.evaluation.appendix_common import (
     JointRows,
     Runs,
@@ -28,7 +29,6 @@ from sift.evaluation.appendix_common import (
     pair_rows,
     pyplot,
     save_figure,
-    seed_mean,
     stack_runs,
 )
 from sift.evaluation.predictions import Pairs, Predictions

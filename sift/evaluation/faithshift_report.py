@@ -21,12 +21,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from sift.detectors.thresholds import fit_threshold
 from sift.atomic import write_text
-from sift.evaluation.analysis import CALIB_SPLIT
-from sift.evaluation.sections.transfer_matrix import IN_DIST
+from sift.detectors.thresholds import fit_threshold
 from sift.errors import SiftError
+from sift.evaluation.analysis import CALIB_SPLIT
 from sift.evaluation.predictions import Pairs, Predictions, average
+from sift.evaluation.sections.transfer_matrix import IN_DIST
 from sift.report import Section
 
 TRANSFER_SETTING = {"transfer_domain": "cross-domain", "transfer_model": "cross-model"}

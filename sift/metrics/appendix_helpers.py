@@ -14,7 +14,7 @@ from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
 from sift.metrics._checks import UndefinedMetricWarning
-from sift.metrics.bootstrap import ClusterRows, bootstrap_drawn
+from sift.metrics.bootstrap import ClusterRows, bootstrap_drawn, bootstrap_p_value
 from sift.metrics.selective import DEFAULT_CANDIDATES, first_feasible, selection_counts, upper_bounds
 
 
@@ -33,14 +33,8 @@ class BootstrapMany:
 
         Floored at 1/(valid replicates + 1); NaN where every replicate is NaN.
         """
-        out = np.full(self.estimate.shape, np.nan)
-        for j in range(self.estimate.size):
-            r = self.replicates[:, j]
-            r = r[~np.isnan(r)]
-            if r.size:
-                p = 2.0 * min(np.mean(r <= null), np.mean(r >= null))
-                out[j] = min(1.0, max(p, 1.0 / (r.size + 1)))
-        return out
+        return np.array([bootstrap_p_value(self.replicates[:, j], null, floor=True)
+                         for j in range(self.estimate.size)], dtype=float).reshape(self.estimate.shape)
 
 
 def cluster_bootstrap_many(

@@ -97,6 +97,18 @@ def percentile_ci(replicates: np.ndarray, confidence: float = 0.95) -> tuple[np.
     return low, high
 
 
+def bootstrap_p_value(replicates: ArrayLike, null: float = 0.0, floor: bool = False) -> float:
+    """Two-sided percentile-bootstrap p-value of H0: θ = ``null``: 2·min(P*(θ* ≤ null), P*(θ* ≥ null)) over the
+    non-NaN replicates, capped at 1; NaN without replicates. ``floor``: at least 1/(replicates + 1) (the appendix
+    convention, which never reports p = 0 from a finite bootstrap)."""
+    r = np.asarray(replicates, dtype=float)
+    r = r[~np.isnan(r)]
+    if r.size == 0:
+        return math.nan
+    p = 2.0 * min(np.mean(r <= null), np.mean(r >= null))
+    return float(min(1.0, max(p, 1.0 / (r.size + 1)))) if floor else float(min(1.0, p))
+
+
 def _check(n_resamples: int, confidence: float, minimum: int = 1) -> None:
     if n_resamples < minimum:
         raise SiftError(f"n_resamples must be >= {minimum}, got {n_resamples}")

@@ -157,6 +157,14 @@ def select_top(confidence: ArrayLike, coverage: float) -> np.ndarray:
     return keep
 
 
+def top_coverage_counts(confidence: np.ndarray, correct: np.ndarray, coverage: float) -> tuple[int, int]:
+    """Kernel of the coverage-indexed selective risk: (errors, size) of the ⌈coverage·n⌉ most confident traces
+    (:func:`select_top`); the risk is errors / size."""
+    keep = select_top(confidence, coverage)
+    n = int(keep.sum())
+    return int(n - np.asarray(correct)[keep].sum()), n
+
+
 def risk_at_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float) -> float:
     """Empirical selective risk (error rate) among the ⌈coverage·n⌉ most confident traces (:func:`select_top`).
 
@@ -164,11 +172,12 @@ def risk_at_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float)
     certified here, see :func:`sgr` for that. Zero selected traces: NaN with a warning.
     """
     ok = as_binary("correct", correct)
-    keep = select_top(confidence, coverage)
-    same_length(confidence=keep, correct=ok)
-    if not keep.any():
+    rho = as_finite("confidence", confidence)
+    same_length(confidence=rho, correct=ok)
+    errors, n = top_coverage_counts(rho, ok, coverage)
+    if n == 0:
         return undefined(f"selective risk undefined at coverage {coverage}: no trace selected")
-    return float(1.0 - ok[keep].mean())
+    return errors / n
 
 
 def risk_upper_bound(errors: int, n: int, delta: float, bound: Literal["clopper-pearson", "normal"] =

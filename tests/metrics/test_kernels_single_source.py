@@ -169,3 +169,31 @@ def test_benjamini_hochberg_is_statsmodels_with_nan_left_out():
     rej, adj, _, _ = multipletests(p[~np.isnan(p)], alpha=0.05, method="fdr_bh")
     assert np.array_equal(r.p_adjusted[~np.isnan(p)], adj) and math.isnan(r.p_adjusted[2])
     assert np.array_equal(r.reject[~np.isnan(p)], rej) and not r.reject[2]
+
+
+def test_ivr_floor_and_slope_kernels_feed_the_theorem_audit(monkeypatch):
+    from sift.evaluation import appendix_theory
+    from sift.metrics import bounds
+
+    patch_kernel(monkeypatch, bounds, "ivr_floor", lambda m, b, s: (0.25, 0.125))
+    patch_kernel(monkeypatch, bounds, "slope_through_origin", lambda x, y: -2.0)
+    q = appendix_theory.bound_quantities(np.array([0.2, 0.7, 0.6]), np.array([0.6, 0.7, 0.4]), 0.5,
+                                         np.array([1.0, 0.0, -1.0]))
+    assert (q[0], q[1], q[2]) == (2.0, 0.125, 0.25)   # γ = |slope|, empirical, Gaussian floor
+    assert bounds.ivr_lower_bound([0.1, -0.2], [0.3, 0.1]).empirical == 0.125
+    assert bounds.estimate_gamma([1.0, 2.0], [1.0, 1.0]) == -2.0
+
+
+def test_bootstrap_p_value_and_coverage_risk_kernels_feed_the_tables(monkeypatch):
+    from sift.metrics import appendix_helpers
+
+    patch_kernel(monkeypatch, bootstrap, "bootstrap_p_value", lambda r, null=0.0, floor=False: 0.0123)
+    runs = {"sift": [toy.predictions(0)], "other": [toy.predictions(1, detector="other")]}
+    sec = selective_risk_section(runs, toy.pairs(), n_resamples=5)
+    assert sec.results["comparisons"]["other"]["p_value"] == 0.0123
+    b = appendix_helpers.cluster_bootstrap_many(lambda i: np.array([float(i.size)]), np.arange(4), 5)
+    assert b.p_value().tolist() == [0.0123]
+    patch_kernel(monkeypatch, selective, "top_coverage_counts", lambda rho, ok, c: (1, 4))
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), n_resamples=0)
+    assert sec.results["detectors"]["toy"]["by_coverage"]["0.25"]["risk"] == 0.25
+    assert selective.risk_at_coverage([0.9, 0.8], [1, 1], 0.5) == 0.25

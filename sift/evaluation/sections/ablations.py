@@ -16,6 +16,7 @@ from sift.evaluation.analysis import (
     common_items,
     num,
     preserving_axes,
+    seed_mean,
     split_strata,
 )
 from sift.evaluation.engine import ReportContext
@@ -27,7 +28,6 @@ from sift.evaluation.sections.common import (
     ci_cell,
     ci_dict,
     prepare_runs,
-    seed_mean,
     undertrained,
     undertrained_note,
 )

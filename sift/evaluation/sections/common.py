@@ -7,11 +7,8 @@ every run of a table resampled with the same draws (:func:`sift.evaluation.analy
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from sift.evaluation.analysis import (
     NAN,
@@ -23,8 +20,6 @@ from sift.evaluation.analysis import (
     num,
 )
 from sift.evaluation.predictions import Pairs, Predictions
-
-DEFAULT_COVERAGES = (0.05, 0.25, 0.45, 0.65, 0.85, 1.00)  # paper Table 3 (a)
 
 
 def as_list(x: Predictions | Sequence[Predictions]) -> list[Predictions]:
@@ -61,11 +56,6 @@ def ci_cell(cell: dict[str, Any]) -> str:
 def nz(x: Any) -> float:
     """None → NaN (for formatting numbers stored JSON-style)."""
     return NAN if x is None else float(x)
-
-
-def seed_mean(vals: list[float]) -> float:
-    v = [x for x in vals if x is not None and not math.isnan(x)]
-    return float(np.mean(v)) if v else NAN
 
 
 #: marks the rows of detectors whose seeds give identical predictions (deterministic fits)

@@ -18,6 +18,7 @@ from sift.evaluation.analysis import (
     match_calibration,
     num,
     preserving_axes,
+    seed_mean,
 )
 from sift.evaluation.controls import with_group_rows
 from sift.evaluation.engine import ReportContext
@@ -31,7 +32,6 @@ from sift.evaluation.sections.common import (
     ci_dict,
     deterministic_seeds,
     nz,
-    seed_mean,
     undertrained,
     undertrained_note,
 )

@@ -25,6 +25,7 @@ from sift.evaluation.analysis import (
     group_runs,
     num,
     preserving_axes,
+    seed_mean,
     split_strata,
 )
 from sift.evaluation.controls import NOT_ABOVE, control_margins, is_control, margin_cell, order_rows, with_group_rows
@@ -41,7 +42,6 @@ from sift.evaluation.sections.common import (
     deterministic_seeds,
     nz,
     prepare_runs,
-    seed_mean,
     undertrained,
     undertrained_note,
 )

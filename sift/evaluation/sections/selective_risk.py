@@ -26,17 +26,16 @@ from sift.evaluation.analysis import (
     match_calibration,
     num,
     preserving_axes,
+    seed_mean,
 )
 from sift.evaluation.controls import with_group_rows
-from sift.evaluation.engine import ReportContext
+from sift.evaluation.engine import DEFAULT_COVERAGES, ReportContext
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
-    DEFAULT_COVERAGES,
     DEFAULT_SGR,
     ci_dict,
     nz,
     prepare_runs,
-    seed_mean,
 )
 from sift.evaluation.sections.registry import ReportSection, register_section
 from sift.metrics import (
@@ -46,18 +45,15 @@ from sift.metrics import (
     select_top,
 )
 from sift.metrics.invariance import mfs_compute
+from sift.metrics.selective import selection_counts, top_coverage_counts
 from sift.report import Section, markdown_table
 
 
 def _risk_at(rho: np.ndarray, correct: np.ndarray, coverage: float) -> tuple[float, int, int]:
     if rho.size == 0:
         return NAN, 0, 0
-    keep = select_top(rho, coverage)
-    n = int(keep.sum())
-    if n == 0:
-        return NAN, 0, 0
-    e = int(n - correct[keep].sum())
-    return e / n, e, n
+    e, n = top_coverage_counts(rho, correct, coverage)
+    return (e / n, e, n) if n else (NAN, 0, 0)
 
 
 def _mfs_at(rd: RunData, prow: np.ndarray, trow: np.ndarray, coverage: float) -> float:
@@ -116,9 +112,9 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
                 for rd in rds:
                     cal = match_calibration(rd.pred, calib, name) or rd.pred
                     r = selective.run(cal.confidence, cal.correct, a)
-                    cov = float(np.mean(rd.rho >= r.threshold)) if r.feasible else 0.0
-                    sel_ = rd.rho >= r.threshold
-                    risk = float(1 - rd.correct[sel_].mean()) if sel_.any() else NAN
+                    n_sel, e_sel = selection_counts(rd.rho, 1 - rd.correct, np.array([r.threshold]))
+                    cov = float(n_sel[0] / rd.rho.size) if r.feasible else 0.0
+                    risk = float(e_sel[0] / n_sel[0]) if n_sel[0] else NAN
                     per.append({"seed": rd.pred.seed, "threshold": num(r.threshold), "coverage": num(cov),
                                 "risk": num(risk), "bound": num(r.bound_value), "feasible": r.feasible,
                                 "reason": r.reason})
@@ -211,17 +207,16 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
 
 def _paired(fn, n_items: int, n_resamples: int, seed: int) -> tuple[dict[str, float], float, float]:
     """Bootstrap of a scalar difference: estimate, percentile CI and the two-sided bootstrap p-value."""
-    from sift.metrics import cluster_bootstrap
+    from sift.metrics.bootstrap import bootstrap_p_value, cluster_bootstrap
 
     est = float(fn(None)[0])
     if n_resamples <= 0 or n_items == 0 or math.isnan(est):
         return {"d": est, "p": NAN}, NAN, NAN
     res = cluster_bootstrap(lambda idx: float(fn(idx)[0]), np.arange(n_items), n_resamples, seed,
                             keep_replicates=True)
-    reps = res.replicates[~np.isnan(res.replicates)] if res.replicates is not None else np.zeros(0)
-    if reps.size == 0:
+    p = bootstrap_p_value(res.replicates)
+    if math.isnan(p):
         return {"d": est, "p": NAN}, NAN, NAN
-    p = float(min(1.0, 2.0 * min(np.mean(reps <= 0), np.mean(reps >= 0))))
     return {"d": est, "p": p}, res.low, res.high
 
 

@@ -18,6 +18,7 @@ from sift.evaluation.analysis import (
     fmt,
     fmt_ci,
     num,
+    seed_mean,
 )
 from sift.evaluation.engine import ReportContext
 from sift.evaluation.predictions import Predictions
@@ -25,7 +26,6 @@ from sift.evaluation.sections.common import (
     as_list,
     ci_dict,
     nz,
-    seed_mean,
 )
 from sift.evaluation.sections.registry import ReportSection, register_section
 from sift.metrics import (
