@@ -5,13 +5,14 @@ Everything here is a pure function of numpy arrays; randomness only through an e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
-from scipy import stats
+from statsmodels.stats.proportion import proportion_confint
 
 from sift.errors import SiftError
+from sift.metrics.binomial import clopper_pearson_interval
 
 
 @dataclass(frozen=True)
@@ -98,22 +99,17 @@ def holm(pvalues, alpha: float = 0.05) -> MultipleTestResult:
 
 
 def clopper_pearson(x: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Exact binomial interval [Beta⁻¹(α/2; x, n−x+1), Beta⁻¹(1−α/2; x+1, n−x)], 0/1 at the ends."""
+    """Exact binomial interval [Beta⁻¹(α/2; x, n−x+1), Beta⁻¹(1−α/2; x+1, n−x)], 0/1 at the ends
+    (``sift.metrics.binomial.clopper_pearson_interval``, after checking the counts)."""
     if n <= 0 or not 0 <= x <= n:
         raise SiftError(f"clopper_pearson: need 0 <= x <= n and n > 0, got x={x}, n={n}")
-    a = 1.0 - level
-    lo = 0.0 if x == 0 else float(stats.beta.ppf(a / 2, x, n - x + 1))
-    hi = 1.0 if x == n else float(stats.beta.ppf(1 - a / 2, x + 1, n - x))
-    return lo, hi
+    return clopper_pearson_interval(x, n, level)
 
 
 def wilson_interval(x: int, n: int, level: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (our extension for judge rates)."""
+    """Wilson score interval for a binomial proportion (our extension for judge rates): statsmodels
+    ``proportion_confint(method="wilson")``; NaN for n = 0."""
     if n <= 0:
         return float("nan"), float("nan")
-    z = float(stats.norm.ppf(0.5 + level / 2))
-    ph = x / n
-    den = 1 + z * z / n
-    centre = (ph + z * z / (2 * n)) / den
-    half = z * np.sqrt(ph * (1 - ph) / n + z * z / (4 * n * n)) / den
-    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+    lo, hi = proportion_confint(x, n, alpha=1.0 - level, method="wilson")
+    return float(max(0.0, lo)), float(min(1.0, hi))

@@ -10,6 +10,12 @@ present), y* the prediction on the full input. Implemented here without the ``sh
   (``shap``'s built-in logit link does not clip; we clip first.)
 * Pairwise interactions (SII, ArchDetect, LOO-pair) over a restricted top-k game and gate recovery.
 * ERASER comprehensiveness / sufficiency, deletion / insertion AUC, Prec@g, mass share.
+
+Why KernelSHAP stays in-house rather than ``shap.KernelExplainer``: S1-SHAP needs the *same* coalitions and
+cached model outputs on a second, clipped-logit value function, and the interaction indices reuse them too;
+``shap`` draws its own coalitions and links without clipping, so it would evaluate the model twice and still
+not give S1-SHAP. It would also add a heavy dependency (numba, its compiled extensions) for one estimator. The
+in-house estimator is checked against exact Shapley enumeration in ``tests/companion``.
 """
 
 from __future__ import annotations

@@ -432,9 +432,9 @@ class Agreement:
 
 
 def agreement(*raters: Sequence) -> Agreement:
-    """Raw agreement (the paper's statistic) plus Cohen's κ (sklearn) and Fleiss' κ (statsmodels)."""
-    from sklearn.metrics import cohen_kappa_score
-    from statsmodels.stats.inter_rater import aggregate_raters, fleiss_kappa
+    """Raw agreement (the paper's statistic) plus Cohen's κ and Fleiss' κ (``sift.metrics``: sklearn and
+    statsmodels; NaN with a warning when κ is undefined)."""
+    from sift.metrics import cohen_kappa, fleiss_kappa
 
     if len(raters) < 2:
         raise SiftError("agreement needs at least two raters")
@@ -443,9 +443,7 @@ def agreement(*raters: Sequence) -> Agreement:
         raise SiftError("agreement: raters labelled different numbers of items")
     pair = float(np.mean(arr[0] == arr[1]))
     allr = float(np.mean(np.all(arr == arr[0], axis=0)))
-    ck = float(cohen_kappa_score(arr[0], arr[1]))
-    table, _ = aggregate_raters(arr.T)
-    return Agreement(pair, allr, ck, float(fleiss_kappa(table)))
+    return Agreement(pair, allr, cohen_kappa(arr[0], arr[1]), fleiss_kappa(arr.T, kind="ratings"))
 
 
 @dataclass(frozen=True)

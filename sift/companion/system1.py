@@ -15,10 +15,12 @@ from typing import Callable
 
 import numpy as np
 from scipy import stats
-from sklearn.metrics import average_precision_score, roc_auc_score
+from sklearn.metrics import average_precision_score
 
 from sift.companion._stats import BootstrapCI, bootstrap_ci, clopper_pearson
 from sift.errors import SiftError
+from sift.metrics.calibration import calibration_bins, ece_from_bins, uniform_bin_index
+from sift.metrics.classification import auroc_kernel
 
 # ----------------------------------------------------------------------------------------------
 # Probability vectors
@@ -133,13 +135,13 @@ class CalibrationError:
 
 
 def bin_indices(confidence, n_bins: int = 10) -> np.ndarray:
-    """Equal-width, right-closed bins ((b−1)/B, b/B] (Guo et al.): 1.0 in the last bin, 0.3 in bin 2.
+    """Equal-width, right-closed bins ((b−1)/B, b/B] (Guo et al.): 1.0 in the last bin, 0.3 in bin 2
+    (``sift.metrics.calibration.uniform_bin_index``).
 
     torchmetrics differs (left-closed bins, conf = 1.0 in an extra bin): conf = [1.0, 0.95],
     correct = [0, 1] gives 0.475 here and 0.525 there.
     """
-    edges = np.linspace(0.0, 1.0, n_bins + 1)[1:-1]
-    return np.searchsorted(edges, np.asarray(confidence, dtype=float), side="left")
+    return uniform_bin_index(confidence, n_bins)
 
 
 def calibration_error(
@@ -160,26 +162,17 @@ def calibration_error(
     corr = np.asarray(correct, dtype=float).ravel()
     if conf.size != corr.size or conf.size == 0:
         raise SiftError("calibration_error: confidence and correct must be equal-length and non-empty")
-    if binning == "width":
-        idx = bin_indices(conf, n_bins)
-        groups = [np.flatnonzero(idx == b) for b in range(n_bins)]
-    elif binning == "mass":
-        order = np.argsort(conf, kind="mergesort")
-        groups = list(np.array_split(order, n_bins))
-    else:
+    if binning not in ("width", "mass"):
         raise SiftError(f"binning must be 'width' or 'mass', got {binning!r}")
-    groups = [g for g in groups if g.size]
-    sizes = np.array([g.size for g in groups])
-    acc = np.array([corr[g].mean() for g in groups])
-    cf = np.array([conf[g].mean() for g in groups])
+    sizes, acc, cf = calibration_bins(conf, corr, n_bins, "uniform" if binning == "width" else "quantile")
     gap = np.abs(acc - cf)
     if weighting == "count":
-        ece = float((sizes / conf.size * gap).sum())
+        ece = ece_from_bins(sizes, acc, cf)
     elif weighting == "uniform":
         ece = float(gap.mean())
     else:
         raise SiftError(f"weighting must be 'count' or 'uniform', got {weighting!r}")
-    return CalibrationError(ece, float(gap.max()), binning, n_bins, sizes, acc, cf)
+    return CalibrationError(ece, float(gap.max()), binning, n_bins, sizes.astype(int), acc, cf)
 
 
 def ece_ci(
@@ -224,9 +217,7 @@ def brier_score(probs, labels) -> float:
 def selective_auroc(correct, score) -> float:
     """ROC-AUC with positives = correct predictions (Mann–Whitney, ties ½); NaN if all right or all wrong."""
     c = np.asarray(correct, dtype=int)
-    if c.min() == c.max():
-        return float("nan")
-    return float(roc_auc_score(c, np.asarray(score, dtype=float)))
+    return auroc_kernel(np.asarray(score, dtype=float), c)
 
 
 @dataclass(frozen=True)
@@ -341,7 +332,7 @@ def guard_metrics(is_attack, score, threshold: float = 0.5) -> GuardMetrics:
         tpr=tp / npos if npos else float("nan"),
         fpr=fp / nneg if nneg else float("nan"),
         accuracy=(tp + tn) / y.size,
-        auroc=float(roc_auc_score(y, s)) if both else float("nan"),
+        auroc=auroc_kernel(s, y.astype(int)),
         pr_auc=float(average_precision_score(y, s)) if both else float("nan"),
         recall_at_zero_false_alarms=recall_at_zero_false_alarms(y, s),
         tpr_ci=clopper_pearson(tp, npos) if npos else (float("nan"), float("nan")),

@@ -10,15 +10,26 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from sift.errors import SiftError
-from sift.evaluation.metrics import harmonic_mfs
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.metrics import SGRResult, UndefinedMetricWarning, sgr
+from sift.metrics.bootstrap import ClusterRows, bootstrap_drawn
+from sift.metrics.classification import auroc_kernel
+from sift.metrics.invariance import (
+    as_compute,
+    as_update,
+    certified_pairs,
+    ivr_compute,
+    ivr_pooled,
+    ivr_update,
+    mfs_compute,
+)
 
 NAN = math.nan
 
@@ -39,27 +50,6 @@ class SelectiveConfig:
                        None if self.candidates is None else list(self.candidates), self.bound)  # type: ignore[arg-type]
 
 
-def fast_auroc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Mann–Whitney AUROC with average ranks for ties (equal to ``sklearn.metrics.roc_auc_score``); NaN for a
-    single class. Used inside bootstrap loops, where sklearn's input checks dominate the run time."""
-    n1 = int(labels.sum())
-    n0 = labels.size - n1
-    if n1 == 0 or n0 == 0:
-        return NAN
-    order = np.argsort(scores, kind="mergesort")
-    ss = scores[order]
-    new = np.empty(ss.size, dtype=bool)
-    new[0] = True
-    np.not_equal(ss[1:], ss[:-1], out=new[1:])
-    grp = np.cumsum(new) - 1
-    counts = np.bincount(grp)
-    ends = np.cumsum(counts)
-    avg = (2 * ends - counts + 1) / 2.0  # 1-based average rank of each tie group
-    r = np.empty(ss.size)
-    r[order] = avg[grp]
-    return float((r[labels == 1].sum() - n1 * (n1 + 1) / 2.0) / (n1 * n0))
-
-
 class Items:
     """A fixed list of base items (cluster ids) and, per table of rows, the rows of each item (CSR)."""
 
@@ -70,29 +60,10 @@ class Items:
     def __len__(self) -> int:
         return len(self.names)
 
-    def index(self, row_items: Sequence[str]) -> "RowIndex":
+    def index(self, row_items: Sequence[str]) -> ClusterRows:
+        """The rows of each item (by item code) of a table whose row i belongs to item ``row_items[i]``."""
         codes = np.array([self.code[str(b)] for b in row_items], dtype=np.int64)
-        return RowIndex(codes, len(self))
-
-
-class RowIndex:
-    """Rows grouped by item code: ``rows(drawn)`` = concatenated rows of the drawn items (with repeats)."""
-
-    def __init__(self, codes: np.ndarray, n_items: int):
-        self.order = np.argsort(codes, kind="mergesort")
-        self.sizes = np.bincount(codes, minlength=n_items)
-        self.starts = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.n = codes.size
-
-    def rows(self, drawn: np.ndarray | None) -> np.ndarray:
-        if drawn is None:
-            return np.arange(self.n)
-        lens = self.sizes[drawn]
-        total = int(lens.sum())
-        if total == 0:
-            return np.zeros(0, dtype=np.int64)
-        offsets = np.arange(total) - np.repeat(np.cumsum(lens) - lens, lens)
-        return self.order[np.repeat(self.starts[drawn], lens) + offsets]
+        return ClusterRows(codes, len(self))
 
 
 @dataclass
@@ -115,8 +86,8 @@ class RunData:
     p_axis: np.ndarray = field(init=False)  # index into axes, -1 for altering
     p_alt: np.ndarray = field(init=False)  # altering pair with a label change
     p_items: np.ndarray = field(init=False)
-    trace_index: RowIndex | None = None
-    pair_index: RowIndex | None = None
+    trace_index: ClusterRows | None = None
+    pair_index: ClusterRows | None = None
 
     def __post_init__(self) -> None:
         p = self.pred
@@ -129,7 +100,7 @@ class RunData:
         self.p_items = np.zeros(0, dtype=object)
         self.p_ylab = (np.zeros(0, int), np.zeros(0, int))
 
-    def attach_pairs(self, pairs: Pairs | None) -> "RunData":
+    def attach_pairs(self, pairs: Pairs | None) -> RunData:
         if pairs is None or len(pairs) == 0:
             return self
         src, dst, keep = pairs.rows(self.pred)
@@ -145,7 +116,7 @@ class RunData:
         self.p_items = pairs.base_item[keep]
         return self
 
-    def certify(self, cfg: SelectiveConfig, calib: Predictions | None = None) -> "RunData":
+    def certify(self, cfg: SelectiveConfig, calib: Predictions | None = None) -> RunData:
         """SGR threshold on ρ calibrated on ``calib`` (e.g. the validation split) or, without it, on this run's
         own traces (in-sample, as the paper's Table 3 reports it)."""
         src = calib if calib is not None else self.pred
@@ -153,7 +124,7 @@ class RunData:
         self.t_star = self.sgr.threshold if self.sgr.feasible else math.inf
         return self
 
-    def index(self, items: Items) -> "RunData":
+    def index(self, items: Items) -> RunData:
         self.trace_index = items.index(self.pred.base_item)
         self.pair_index = items.index(self.p_items)
         return self
@@ -166,69 +137,45 @@ class RunData:
     def violation_counts(self, prow: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per preserving axis: number of pairs and of invariance violations among pair rows ``prow``."""
         a = self.p_axis[prow]
-        vs, vd = self.verdict[self.p_src[prow]], self.verdict[self.p_dst[prow]]
-        pres = a >= 0
-        k = len(self.axes)
-        cnt = np.bincount(a[pres], minlength=k).astype(float)
-        viol = np.bincount(a[pres], weights=(vs[pres] != vd[pres]).astype(float), minlength=k)
-        return cnt, viol
+        return ivr_update(self.verdict[self.p_src[prow]], self.verdict[self.p_dst[prow]], a, len(self.axes), a >= 0)
 
     def pair_rates(self, prow: np.ndarray, sel: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
         """Per-axis IVR (len(axes)), macro-mean IVR (unweighted over axes with pairs) and AS on pair rows
         ``prow`` (optionally masked)."""
         if sel is not None:
             prow = prow[sel]
+        per, ivr = ivr_compute(*self.violation_counts(prow))
         vs, vd = self.verdict[self.p_src[prow]], self.verdict[self.p_dst[prow]]
-        cnt, viol = self.violation_counts(prow)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per = np.where(cnt > 0, viol / np.maximum(cnt, 1), NAN)
-        ivr = float(per[cnt > 0].mean()) if np.any(cnt > 0) else NAN
-        alt = self.p_alt[prow]
-        if alt.any():
-            ys, yd = self.p_ylab[0][prow][alt], self.p_ylab[1][prow][alt]
-            as_ = float(np.mean((vd[alt] - vs[alt]) == (yd - ys)))
-        else:
-            as_ = NAN
+        as_ = as_compute(*as_update(vs, vd, self.p_ylab[0][prow], self.p_ylab[1][prow], self.p_alt[prow]))
         return per, ivr, as_
 
     def stats(self, drawn: np.ndarray | None = None) -> dict[str, Any]:
         """Every per-run number on the traces/pairs of the drawn items (None: all)."""
         trow = self.trace_index.rows(drawn) if self.trace_index is not None else np.arange(len(self.pred))
         prow = self.pair_index.rows(drawn) if self.pair_index is not None else np.arange(self.n_pairs)
-        out: dict[str, Any] = {"auroc": fast_auroc(self.prob[trow], self.label[trow]) if trow.size else NAN}
+        out: dict[str, Any] = {"auroc": auroc_kernel(self.prob[trow], self.label[trow]) if trow.size else NAN}
         per, ivr, as_ = self.pair_rates(prow)
-        cnt, viol = self.violation_counts(prow)
         out["ivr_axes"] = per
-        # pooled IVR: violations / preserving pairs over all axes (weights axes by their pair counts)
-        out["ivr_pooled"] = float(viol.sum() / cnt.sum()) if cnt.sum() > 0 else NAN
-        out.update(ivr=ivr, as_=as_, mfs=harmonic_mfs(ivr, as_, 1.0))
+        out["ivr_pooled"] = ivr_pooled(*self.violation_counts(prow))
+        out.update(ivr=ivr, as_=as_, mfs=mfs_compute(ivr, as_, 1.0))
         if self.sgr is not None:
             cov = float(np.mean(self.rho[trow] >= self.t_star)) if trow.size else NAN
-            cert = (self.rho[self.p_src[prow]] >= self.t_star) & (self.rho[self.p_dst[prow]] >= self.t_star)
+            cert = certified_pairs(self.rho, self.p_src[prow], self.p_dst[prow], self.t_star)
             _, civr, cas = self.pair_rates(prow, cert)
             # an infeasible SGR certifies nothing: coverage κ = 0, so MFS_cert = κ·H = 0 (counted, not skipped);
             # certified IVR/AS stay undefined (no certified pair) and are averaged over feasible seeds only
             out.update(coverage=cov, cert_ivr=civr, cert_as=cas,
-                       cert_mfs=harmonic_mfs(civr, cas, cov) if self.sgr.feasible else 0.0,
+                       cert_mfs=mfs_compute(civr, cas, cov) if self.sgr.feasible else 0.0,
                        feasible=float(self.sgr.feasible))
         return out
 
 
-def item_resamples(n_items: int, n_resamples: int, seed: int = 0,
-                   strata: np.ndarray | None = None) -> Iterator[np.ndarray]:
-    """Item codes of ``n_resamples`` cluster-bootstrap replicates: each stratum's items drawn with replacement,
-    as many as it holds (one stratum, the default: the draws of :func:`sift.metrics.cluster_bootstrap` over
-    ``arange(n_items)``)."""
-    if strata is None:
-        groups = [np.arange(n_items)]
-    else:
-        strata = np.asarray(strata)
-        if strata.shape != (n_items,):
-            raise SiftError(f"strata must have one entry per item ({n_items}), got shape {strata.shape}")
-        groups = [np.flatnonzero(strata == s) for s in np.unique(strata)]
-    rng = np.random.default_rng(seed)
-    for _ in range(n_resamples):
-        yield np.concatenate([g[rng.integers(0, g.size, size=g.size)] for g in groups])
+def seed_mean(values: Sequence[float | None]) -> float:
+    """Mean over seeds of per-seed values, NaN/None seeds left out (NaN if none is left): how every table and
+    appendix analysis aggregates a detector's seeds."""
+    v = np.asarray(values, float)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if v.size else NAN
 
 
 def split_strata(items: Items, splits: Sequence[Sequence[Predictions]]) -> np.ndarray | None:
@@ -247,26 +194,15 @@ def split_strata(items: Items, splits: Sequence[Sequence[Predictions]]) -> np.nd
 def bootstrap_vector(fn: Callable[[np.ndarray | None], np.ndarray], n_items: int, n_resamples: int,
                      seed: int = 0, confidence: float = 0.95,
                      strata: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Estimate and percentile CI of every component of a vector statistic of the drawn base items.
+    """Estimate and percentile CI of every component of a vector statistic of the drawn base items
+    (:func:`sift.metrics.bootstrap.bootstrap_drawn`, the one bootstrap engine).
 
-    The pool is the ``n_items`` items of the evaluated split(s) (never the whole corpus); draws come from
-    :func:`item_resamples`, stratified by ``strata`` (see :func:`split_strata`) when a table mixes splits, so
-    all components of one replicate share the same resample. ``fn(None)`` is the full-data estimate. With
-    ``n_resamples=0`` the CI is NaN. NaN replicates are ignored per component.
+    The pool is the ``n_items`` items of the evaluated split(s) (never the whole corpus), stratified by
+    ``strata`` (see :func:`split_strata`) when a table mixes splits, so all components of one replicate share
+    the same resample. ``fn(None)`` is the full-data estimate. With ``n_resamples=0`` the CI is NaN.
     """
-    est = np.asarray(fn(None), dtype=float)
-    if n_resamples <= 0 or n_items == 0:
-        nan = np.full(est.shape, NAN)
-        return est, nan, nan.copy()
-    if not 0.0 < confidence < 1.0:
-        raise SiftError(f"confidence must lie in (0, 1), got {confidence}")
-    reps = [np.asarray(fn(idx), dtype=float) for idx in item_resamples(n_items, n_resamples, seed, strata)]
-    arr = np.vstack(reps) if reps else np.full((1,) + est.shape, NAN)
-    tail = 100.0 * (1.0 - confidence) / 2.0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        low, high = np.nanpercentile(arr, [tail, 100.0 - tail], axis=0)
-    return est, np.asarray(low, float), np.asarray(high, float)
+    est, _, low, high = bootstrap_drawn(fn, n_items, max(n_resamples, 0), seed, confidence, strata)
+    return est, low, high
 
 
 def common_items(*preds_lists: Sequence[Predictions], pairs: Pairs | None = None) -> Items:

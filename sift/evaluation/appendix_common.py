@@ -21,6 +21,7 @@ import numpy as np
 from sift.errors import SiftError
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.metrics.appendix_helpers import BootstrapMany, coverage_threshold
+from sift.metrics.invariance import as_compute, as_update, certified_pairs, ivr_compute, ivr_update, mfs_compute
 
 #: the runs an appendix analysis reads: detector name → its seed runs (one Predictions per seed)
 Runs = Mapping[str, Sequence[Predictions]]
@@ -144,18 +145,6 @@ class JointRows:
 # ------------------------------------------------------------------------------------- certified metrics
 
 
-def _mean_or_nan(x: np.ndarray) -> float:
-    return float(np.mean(x)) if x.size else math.nan
-
-
-def mfs(ivr: float, as_: float, kappa: float) -> float:
-    """κ·2(1−IVR)·AS/((1−IVR)+AS) (sift.metrics.meta_faithfulness_score without the warnings); NaN-safe."""
-    if any(math.isnan(v) for v in (ivr, as_, kappa)):
-        return math.nan
-    inv = 1.0 - ivr
-    return 0.0 if inv + as_ == 0 else kappa * 2.0 * inv * as_ / (inv + as_)
-
-
 def operating_metrics(
     verdict: np.ndarray,
     rho: np.ndarray,
@@ -185,27 +174,17 @@ def operating_metrics(
         t = gate
     else:
         t = -math.inf
-    cert = rho >= t
-    kappa = _mean_or_nan(cert[it].astype(float)) if it.size else math.nan
-    ps, pd = pres.src[ip], pres.dst[ip]
-    keep_p = cert[ps] & cert[pd]
+    kappa = float(np.mean(rho[it] >= t)) if it.size else math.nan
+    keep_p = certified_pairs(rho, pres.src[ip], pres.dst[ip], t)
     if pres_mask is not None:
         keep_p &= pres_mask[ip]
-    ivr = _mean_or_nan((verdict[ps] != verdict[pd])[keep_p].astype(float))
-    as_, ds = alt.src[ia], alt.dst[ia]
+    _, ivr = ivr_compute(*ivr_update(verdict[pres.src[ip]], verdict[pres.dst[ip]], keep=keep_p))
     lb, la = (alt.phi_src[ia], alt.phi_dst[ia]) if alt_labels is None else (alt_labels[0][ia], alt_labels[1][ia])
-    keep_a = cert[as_] & cert[ds] & (lb != la)
+    keep_a = certified_pairs(rho, alt.src[ia], alt.dst[ia], t)
     if alt_mask is not None:
         keep_a &= alt_mask[ia]
-    moves = (verdict[ds] - verdict[as_]) == (la - lb)
-    asv = _mean_or_nan(moves[keep_a].astype(float))
-    return ivr, asv, kappa, mfs(ivr, asv, kappa)
-
-
-def seed_mean(values: Sequence[float]) -> float:
-    v = np.asarray(values, float)
-    v = v[~np.isnan(v)]
-    return float(v.mean()) if v.size else math.nan
+    asv = as_compute(*as_update(verdict[alt.src[ia]], verdict[alt.dst[ia]], lb, la, keep_a))
+    return ivr, asv, kappa, mfs_compute(ivr, asv, kappa)
 
 
 # ------------------------------------------------------------------------------------------ corpus traces

@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from sift.errors import SiftError
+from sift.evaluation.analysis import seed_mean
 from sift.evaluation.appendix_common import (
     Runs,
     TraceTable,
@@ -29,13 +30,12 @@ from sift.evaluation.appendix_common import (
     pair_rows,
     pyplot,
     save_figure,
-    seed_mean,
     stack_runs,
 )
 from sift.evaluation.predictions import Pairs
 from sift.metrics.appendix_helpers import cluster_bootstrap_many
+from sift.metrics.invariance import ivr_compute, ivr_update
 from sift.report import Section, markdown_table
-
 
 
 def _scrambled(ids: list[int], key: str) -> list[int]:
@@ -172,18 +172,21 @@ def mechanism_preservation_audit(
             continue
         ms, md_ = mech[traces.rows(pr.source_id.tolist())], mech[traces.rows(pr.shifted_id.tolist())]
         pres_ok = (ms == md_) & (ms != "ambiguous")
-        flips = st.verdict[:, pr.src] != st.verdict[:, pr.dst]
+        vs, vd = st.verdict[:, pr.src], st.verdict[:, pr.dst]
         pax = pr.axis
         gsel = {g: pax == g for g in axes}
 
-        def ivr_stat(ix, flips=flips, pres_ok=pres_ok, pax=pax, gsel=gsel):
+        def ivr_of(rows: np.ndarray, vs: np.ndarray = vs, vd: np.ndarray = vd) -> float:
+            """Mean over seeds of the IVR on pair rows ``rows``."""
+            return seed_mean([ivr_compute(*ivr_update(vs[s, rows], vd[s, rows]))[1] for s in range(vs.shape[0])])
+
+        def ivr_stat(ix, pres_ok=pres_ok, gsel=gsel):
             out = []
             per_axis = []
             for g in axes:
                 j = ix[gsel[g][ix]]
                 jp = j[pres_ok[j]]
-                a_ = seed_mean([flips[s, j].mean() if j.size else math.nan for s in range(flips.shape[0])])
-                p_ = seed_mean([flips[s, jp].mean() if jp.size else math.nan for s in range(flips.shape[0])])
+                a_, p_ = ivr_of(j), ivr_of(jp)
                 per_axis.append([a_, p_, p_ - a_])
             per_axis = np.array(per_axis)
             for row in per_axis:

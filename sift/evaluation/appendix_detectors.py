@@ -15,9 +15,10 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from sift.errors import SiftError
+from sift.evaluation.analysis import seed_mean
 from sift.evaluation.appendix_common import (
-    Runs,
     JointRows,
+    Runs,
     SeedStack,
     TraceTable,
     ci,
@@ -28,7 +29,6 @@ from sift.evaluation.appendix_common import (
     pair_rows,
     pyplot,
     save_figure,
-    seed_mean,
     stack_runs,
 )
 from sift.evaluation.predictions import Pairs, Predictions
@@ -37,12 +37,11 @@ from sift.metrics.appendix_helpers import (
     cluster_bootstrap_many,
     coverage_threshold,
     expected_cost_curve,
-    fast_auroc,
     sgr_threshold,
 )
+from sift.metrics.classification import auroc_kernel
 from sift.metrics.significance import benjamini_hochberg
 from sift.report import Section, markdown_table
-
 
 # ============================================================================ factorial (paper App. F)
 
@@ -354,7 +353,7 @@ def _noise_metrics(st: SeedStack, pres, alt, it, ip, ia, y_noisy, alpha, delta, 
     out = []
     for s in range(st.n_seeds):
         yt = y_noisy[it]
-        auc = fast_auroc(st.prob[s, it], yt) if it.size else math.nan
+        auc = auroc_kernel(st.prob[s, it], yt) if it.size else math.nan
         acc = float(np.mean(v[s, it] == yt)) if it.size else math.nan
         ivr, as_, _, m = operating_metrics(v[s], r[s], pres, alt, it, ip, ia, alt_labels=pl,
                                            pres_mask=pres_mask, alt_mask=alt_mask)

@@ -15,6 +15,7 @@ import numpy as np
 from scipy.special import erf
 
 from sift.errors import SiftError
+from sift.evaluation.analysis import seed_mean
 from sift.evaluation.appendix_common import (
     Runs,
     TraceTable,
@@ -25,15 +26,15 @@ from sift.evaluation.appendix_common import (
     pair_rows,
     pyplot,
     save_figure,
-    seed_mean,
     stack_runs,
 )
 from sift.evaluation.predictions import Pairs
 from sift.metrics._checks import UndefinedMetricWarning
 from sift.metrics.appendix_helpers import cluster_bootstrap_many, partial_correlation, pearson
+from sift.metrics.bounds import ivr_floor, slope_through_origin
+from sift.metrics.invariance import ivr_compute, ivr_update
 from sift.metrics.significance import benjamini_hochberg
 from sift.report import Section, markdown_table
-
 
 #: Assumption-audit thresholds of paper Table 20 (diagnostic ≤ threshold ⇒ the assumption is taken to hold).
 ASSUMPTION_THRESHOLDS = {"local_sensitivity": 0.10, "symmetry": 0.05, "independence": 0.20}
@@ -83,16 +84,14 @@ def bound_quantities(prob_src: np.ndarray, prob_dst: np.ndarray, threshold: floa
         return np.full(len(_BOUND_FIELDS), np.nan)
     m = prob_src - threshold  # margin m(c) = D(c) − τ of the source trace
     dd = prob_dst - prob_src  # D(c') − D(c)
-    den = float(np.dot(delta, delta))
     # |LS slope through the origin|; when the feature never changes (all Δ = 0) γ is undefined but the band
     # γ|Δ| is 0 whatever γ is, so the floor is ½·P̂[m = 0] (no first-order push)
-    gamma = abs(float(np.dot(delta, dd)) / den) if den > 0 else math.nan
-    band = gamma * np.abs(delta) if den > 0 else np.zeros(n)
-    emp = 0.5 * float(np.mean(np.abs(m) <= band))
+    gamma = abs(slope_through_origin(delta, dd))
+    band = gamma * np.abs(delta) if not math.isnan(gamma) else np.zeros(n)
     sigma = float(np.std(m, ddof=1)) if n > 1 else math.nan
-    gauss = 0.5 * float(np.mean(erf(band / (math.sqrt(2.0) * sigma)))) if sigma > 0 else math.nan
+    gauss, emp = ivr_floor(m, band, sigma)
     verdict_src, verdict_dst = prob_src >= threshold, prob_dst >= threshold
-    ivr = float(np.mean(verdict_src != verdict_dst))
+    _, ivr = ivr_compute(*ivr_update(verdict_src, verdict_dst))
     slack = ivr / emp if emp and emp > 0 else math.nan
     nz = delta != 0
     pos, neg = int(np.sum(delta > 0)), int(np.sum(delta < 0))
@@ -326,7 +325,8 @@ def spurious_feature_correlations(
                                                                           pres.shifted_id.tolist())])
         ok = ~np.isnan(x).any(axis=1)
         x, pr = x[ok], pres.subset(ok)
-        flips = (st.verdict[:, pr.src] != st.verdict[:, pr.dst]).astype(float)  # [S, P]
+        vs, vd = st.verdict[:, pr.src], st.verdict[:, pr.dst]
+        flips = (vs != vd).astype(float)  # [S, P]: the per-pair outcome of the regressions
 
         # controls of a feature's partial correlation: the other features, except constant ones and those
         # (near-)collinear with it on the full data (e.g. trace and CoT length differ by a constant)
@@ -352,7 +352,7 @@ def spurious_feature_correlations(
         with warnings.catch_warnings():  # constant features have NaN p-values, left out of the family
             warnings.simplefilter("ignore", UndefinedMetricWarning)
             q = benjamini_hochberg(p_rho).p_adjusted
-        d_res = {"n_pairs": int(len(pr)), "flip_rate": float(flips.mean()), "features": {}}
+        d_res = {"n_pairs": int(len(pr)), "flip_rate": ivr_compute(*ivr_update(vs.ravel(), vd.ravel()))[1], "features": {}}
         for j, fn in enumerate(fnames):
             d = {"rho": ci(b, 2 * j), "partial_rho": ci(b, 2 * j + 1), "p_bootstrap": nan_none(p_rho[j]),
                  "q_bh": nan_none(q[j]), "mean_change": float(x[:, j].mean())}

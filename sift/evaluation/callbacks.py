@@ -29,6 +29,7 @@ import torch
 
 from sift.evaluation.metrics import MetaFaithfulness
 
+
 def _split_loader(dm: Any, split: str):
     fn = {"val": "val_dataloader", "test": "test_dataloader", "transfer": "transfer_dataloader"}.get(split)
     if fn is None or not hasattr(dm, fn):

@@ -22,9 +22,17 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from sift.detectors.controls import is_control
-from sift.evaluation.analysis import (NAN, Items, RunData, bootstrap_vector, common_items, fmt, fmt_ci, group_runs,
-                                      num, preserving_axes)
-from sift.evaluation.metrics import harmonic_mfs
+from sift.evaluation.analysis import (
+    NAN,
+    Items,
+    RunData,
+    bootstrap_vector,
+    common_items,
+    fmt_ci,
+    group_runs,
+    num,
+    preserving_axes,
+)
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.metrics import UndefinedMetricWarning
 from sift.report import Section, markdown_table

@@ -21,12 +21,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from sift.detectors.thresholds import fit_threshold
 from sift.atomic import write_text
-from sift.evaluation.analysis import CALIB_SPLIT
-from sift.evaluation.tables import IN_DIST
+from sift.detectors.thresholds import fit_threshold
 from sift.errors import SiftError
+from sift.evaluation.analysis import CALIB_SPLIT
 from sift.evaluation.predictions import Pairs, Predictions, average
+from sift.evaluation.sections.transfer_matrix import IN_DIST
 from sift.report import Section
 
 TRANSFER_SETTING = {"transfer_domain": "cross-domain", "transfer_model": "cross-model"}
@@ -259,8 +259,8 @@ def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = No
 
 def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict[str, dict[str, Path]]) -> dict:
     """Assemble every section and write ``<out>/report/{report.md,results.json}``; returns their paths."""
-    from sift.evaluation.analysis import SelectiveConfig
     from sift.evaluation.appendix import TraceTable
+    from sift.evaluation.engine import ReportOptions
     from sift.evaluation.run import companion, report_from_predictions
     from sift.provenance import config_hash
 
@@ -286,12 +286,13 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     extra += companion(cfg, report_dir)
     meta = {"config_hash": config_hash(_settings(cfg)), "preset": cfg.preset_name,
             "seeds": list(cfg.seeds), "runs": [s.key for s in specs], "training": runs_training(out, specs)}
-    selective = SelectiveConfig(alpha=float(cfg.sgr.alpha), delta=float(cfg.sgr.delta), bound=str(cfg.sgr.bound))
     from sift.evaluation.controls import slice_ids_from_corpus
 
-    report_from_predictions(preds, pairs, report_dir, extra_sections=[corpus_section(corpus), *extra],
-                            selective=selective, reference="sift", title="sift-faithshift report", meta=meta,
-                            slice_ids=slice_ids_from_corpus(corpus), **common)
+    options = ReportOptions.of(sgr={"alpha": cfg.sgr.alpha, "delta": cfg.sgr.delta, "bound": cfg.sgr.bound},
+                               reference="sift", title="sift-faithshift report",
+                               slice_ids=slice_ids_from_corpus(corpus), **common)
+    report_from_predictions(preds, pairs, report_dir, options, extra_sections=[corpus_section(corpus), *extra],
+                            meta=meta)
     results = report_dir / "results.json"
     if cfg.wandb:
         log_wandb(cfg, report_dir, results)

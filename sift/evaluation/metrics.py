@@ -12,13 +12,15 @@ same numbers on every rank as the functional metrics of :mod:`sift.metrics` on t
   ρ ≥ t*): IVR, AS, coverage κ and MFS = κ·2(1−IVR)·AS/((1−IVR)+AS) (eq. 8).
 
 Verdicts are 0/1 (1 = judged faithful), labels the verified φ*. NaN marks an undefined value (no pairs, no
-feasible SGR threshold); these metrics do not warn, unlike the functional ones.
+feasible SGR threshold); these metrics do not warn, unlike the functional ones. Every formula is the kernel of
+:mod:`sift.metrics.invariance` (``ivr_update``/``ivr_compute``, ``as_update``/``as_compute``, ``mfs_compute``):
+``update`` adds the kernel's counts to the states, ``compute`` applies the kernel to the reduced states.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,12 +28,17 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from sift.errors import SiftError
+from sift.metrics.invariance import as_compute, as_update, ivr_compute, ivr_update, mfs_compute
 
 NAN = float("nan")
 
 
 def _flat(x: Any, dtype: torch.dtype) -> torch.Tensor:
     return torch.as_tensor(x).detach().reshape(-1).to(dtype)
+
+
+def _np(x: Any, dtype: torch.dtype) -> np.ndarray:
+    return _flat(x, dtype).cpu().numpy()
 
 
 def _axis_ids(axes: Sequence[str], names: Sequence[str] | torch.Tensor, where: str) -> torch.Tensor:
@@ -61,18 +68,17 @@ class InvarianceViolationRate(Metric):
 
     def update(self, verdict_source: torch.Tensor, verdict_shifted: torch.Tensor,
                axis: Sequence[str] | torch.Tensor, mask: torch.Tensor | None = None) -> None:
-        a, b = _flat(verdict_source, torch.long), _flat(verdict_shifted, torch.long)
-        ids = _axis_ids(self.axes, axis, "InvarianceViolationRate").to(a.device)
-        keep = torch.ones_like(a, dtype=torch.bool) if mask is None else _flat(mask, torch.bool).to(a.device)
-        ones = keep.to(torch.float64)
-        self.n.index_add_(0, ids.to(self.n.device), ones.to(self.n.device))
-        self.violations.index_add_(0, ids.to(self.n.device), ((a != b) & keep).to(torch.float64).to(self.n.device))
+        a, b = _np(verdict_source, torch.long), _np(verdict_shifted, torch.long)
+        ids = _axis_ids(self.axes, axis, "InvarianceViolationRate").cpu().numpy()
+        keep = None if mask is None else _np(mask, torch.bool)
+        n, violations = ivr_update(a, b, ids, len(self.axes), keep)
+        self.n += torch.as_tensor(n, dtype=torch.float64, device=self.n.device)
+        self.violations += torch.as_tensor(violations, dtype=torch.float64, device=self.n.device)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        rates = torch.where(self.n > 0, self.violations / self.n.clamp_min(1), torch.full_like(self.n, NAN))
-        out = {a: rates[i].float() for i, a in enumerate(self.axes)}
-        have = rates[self.n > 0]
-        out["mean"] = have.mean().float() if have.numel() else torch.tensor(NAN)
+        per, mean = ivr_compute(self.n.cpu().numpy(), self.violations.cpu().numpy())
+        out = {a: torch.tensor(per[i]).float() for i, a in enumerate(self.axes)}
+        out["mean"] = torch.tensor(mean).float()
         return out
 
 
@@ -90,14 +96,14 @@ class AlterationSensitivity(Metric):
 
     def update(self, verdict_before: torch.Tensor, verdict_after: torch.Tensor, label_before: torch.Tensor,
                label_after: torch.Tensor, mask: torch.Tensor | None = None) -> None:
-        vb, va = _flat(verdict_before, torch.long), _flat(verdict_after, torch.long)
-        lb, la = _flat(label_before, torch.long).to(vb.device), _flat(label_after, torch.long).to(vb.device)
-        keep = (la != lb) if mask is None else (la != lb) & _flat(mask, torch.bool).to(vb.device)
-        self.n += keep.sum().to(torch.float64)
-        self.moved += ((va - vb == la - lb) & keep).sum().to(torch.float64)
+        n, moved = as_update(_np(verdict_before, torch.long), _np(verdict_after, torch.long),
+                             _np(label_before, torch.long), _np(label_after, torch.long),
+                             None if mask is None else _np(mask, torch.bool))
+        self.n += n
+        self.moved += moved
 
     def compute(self) -> torch.Tensor:
-        return (self.moved / self.n).float() if self.n > 0 else torch.tensor(NAN)
+        return torch.tensor(as_compute(float(self.n), float(self.moved))).float()
 
 
 class SelectiveGuaranteedRisk(Metric):
@@ -138,14 +144,6 @@ class SelectiveGuaranteedRisk(Metric):
         return {"threshold": torch.tensor(r.threshold), "coverage": torch.tensor(r.coverage),
                 "risk": torch.tensor(r.selective_risk), "bound": torch.tensor(r.bound_value),
                 "feasible": torch.tensor(float(r.feasible))}
-
-
-def harmonic_mfs(ivr: float, as_: float, coverage: float) -> float:
-    """MFS = κ·2(1−IVR)·AS/((1−IVR)+AS); NaN if any input is NaN; 0 when (1−IVR) + AS = 0."""
-    if any(math.isnan(v) for v in (ivr, as_, coverage)):
-        return NAN
-    inv = 1.0 - ivr
-    return 0.0 if inv + as_ == 0 else coverage * 2.0 * inv * as_ / (inv + as_)
 
 
 class MetaFaithfulness(Metric):
@@ -251,21 +249,14 @@ class MetaFaithfulness(Metric):
         rs, rd = self._cat("rho_src", float), self._cat("rho_dst", float)
         tr, tc = self._cat("trace_rho", float), self._cat("trace_correct", int)
 
-        def ivr_as(sel: np.ndarray) -> tuple[dict[str, float], float, float]:
-            per = {}
-            for i, a in enumerate(self.axes):
-                m = sel & (kind == 0) & (ax == i)
-                per[a] = float(np.mean(vs[m] != vd[m])) if m.any() else NAN
-            vals = [v for v in per.values() if not math.isnan(v)]
-            ivr = float(np.mean(vals)) if vals else NAN
-            alt = sel & (kind == 1) & (ys != yd)
-            as_ = float(np.mean((vd[alt] - vs[alt]) == (yd[alt] - ys[alt]))) if alt.any() else NAN
-            return per, ivr, as_
+        def ivr_as(sel: np.ndarray) -> tuple[np.ndarray, float, float]:
+            per, ivr = ivr_compute(*ivr_update(vs, vd, ax, len(self.axes), sel & (kind == 0)))
+            return per, ivr, as_compute(*as_update(vs, vd, ys, yd, sel & (kind == 1)))
 
         out: dict[str, float] = {}
         per, ivr, as_ = ivr_as(np.ones(len(vs), bool))
-        out.update({f"ivr/{a}": v for a, v in per.items()})
-        out.update({"ivr": ivr, "as": as_, "mfs": harmonic_mfs(ivr, as_, 1.0)})
+        out.update({f"ivr/{a}": float(v) for a, v in zip(self.axes, per)})
+        out.update({"ivr": ivr, "as": as_, "mfs": mfs_compute(ivr, as_, 1.0)})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UndefinedMetricWarning)
             r = sgr(tr, tc, self.alpha, self.delta, self.candidates, self.bound)  # type: ignore[arg-type]
@@ -273,7 +264,7 @@ class MetaFaithfulness(Metric):
                     "sgr_risk": r.selective_risk, "sgr_bound": r.bound_value, "sgr_feasible": float(r.feasible)})
         if r.feasible:
             _, civr, cas = ivr_as((rs >= r.threshold) & (rd >= r.threshold))
-            out.update({"cert/ivr": civr, "cert/as": cas, "cert/mfs": harmonic_mfs(civr, cas, r.coverage)})
+            out.update({"cert/ivr": civr, "cert/as": cas, "cert/mfs": mfs_compute(civr, cas, r.coverage)})
         else:
             out.update({"cert/ivr": NAN, "cert/as": NAN, "cert/mfs": NAN})
         return {k: torch.tensor(v, dtype=torch.float32) for k, v in out.items()}

@@ -9,9 +9,10 @@
    ``<output_dir>/predictions/*.npz`` together with the verified pairs (``pairs.npz``).
 2. Saved predictions: ``cfg.predictions`` lists ``.npz`` files or folders of them (a ``pairs.npz`` beside
    them is used unless ``corpus_dir`` is given) — no models needed.
-3. Sections (:mod:`sift.evaluation.tables`): main table, ensemble comparison, certified selective risk with
-   risk–coverage curves, ablations (runs whose ``meta['ablation']`` differ), transfer matrices (runs with
-   ``meta['train_on']``/``meta['test_on']``), and the companion sections when ``cfg.companion`` is enabled.
+3. Sections (the registry of :mod:`sift.evaluation.sections`): main table, ensemble comparison, certified
+   selective risk with risk–coverage curves, ablations (runs whose ``meta['ablation']`` differ), transfer
+   matrices (runs with ``meta['train_on']``/``meta['test_on']``), and the companion sections when
+   ``cfg.companion`` is enabled.
 4. ``report.md``, ``results.json`` and the figures in ``output_dir``.
 
 :func:`report_from_predictions` does steps 3–4 for predictions already in memory (the main job's path).
@@ -22,19 +23,20 @@ from __future__ import annotations
 import glob
 import json
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from sift.errors import SiftError
-from sift.evaluation.analysis import CALIB_SPLIT, SelectiveConfig
+from sift.evaluation.analysis import CALIB_SPLIT
+from sift.evaluation.engine import DEFAULT_COVERAGES, ReportContext, ReportOptions
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.report import Section, write_report
 
 PAIRS_FILE = "pairs.npz"
-DEFAULT_COVERAGES = (0.05, 0.25, 0.45, 0.65, 0.85, 1.00)
 
 
 # ------------------------------------------------------------------------------------------- pairs on disk
@@ -145,141 +147,38 @@ def resolve_detectors(entries: Iterable[Any]) -> list[DetectorSpec]:
     return specs
 
 
-# ------------------------------------------------------------------------------------------- grouping
-def run_key(p: Predictions) -> str:
-    """Row name of a run: detector name, with ``[ablation]`` for ablated variants."""
-    ab = p.meta.get("ablation")
-    return p.detector if ab in (None, "", "none") else f"{p.detector} [{ab}]"
-
-
-def is_variant(p: Predictions) -> bool:
-    """A SIFT ablation (``meta['ablation']``) or factorial cell (``meta['variant']``): reported in Table 4 /
-    appendix F, not as a detector of Tables 1, 3 and 8."""
-    return p.meta.get("ablation") not in (None, "", "none") or bool(p.meta.get("variant"))
-
-
-def _group(preds: Iterable[Predictions]) -> dict[str, list[Predictions]]:
-    out: dict[str, list[Predictions]] = {}
-    for p in preds:
-        out.setdefault(run_key(p), []).append(p)
-    for k, v in out.items():
-        v.sort(key=lambda p: (p.seed is None, p.seed if p.seed is not None else 0))
-        seen = set()
-        for p in v:
-            if p.seed in seen:
-                raise SiftError(f"detector {k!r}: two runs with seed {p.seed} on split {p.split} "
-                                "(give them distinct names or seeds)")
-            seen.add(p.seed)
-    return out
-
-
 # ------------------------------------------------------------------------------------------- report
-def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, out_dir: str | Path, *,
-                            split: str = "test", calib_split: str | None = CALIB_SPLIT,
-                            select_split: str | None = "val",
-                            selective: SelectiveConfig = SelectiveConfig(), alphas: Sequence[float] = (0.25, 0.30),
-                            coverages: Sequence[float] = DEFAULT_COVERAGES, match_coverage: float = 0.70,
-                            reference: str | None = None, families: Mapping[str, str] | None = None,
-                            n_resamples: int = 1000, seed: int = 0, extra_sections: Sequence[Section] = (),
-                            title: str = "sift evaluation", meta: Mapping[str, Any] | None = None,
-                            write: bool = True, slice_ids: set[str] | None = None) -> list[Section]:
-    """Build every section from in-memory predictions and write ``report.md``/``results.json`` to ``out_dir``.
+def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, out_dir: str | Path,
+                            options: ReportOptions | None = None, *, extra_sections: Sequence[Section] = (),
+                            meta: Mapping[str, Any] | None = None, write: bool = True) -> list[Section]:
+    """Build every registered section (:mod:`sift.evaluation.sections.registry`) from in-memory predictions,
+    append ``extra_sections`` and write ``report.md``/``results.json`` to ``out_dir``.
 
-    ``predictions`` may mix splits: runs on ``split`` are evaluated; runs on ``calib_split`` (default
-    ``"calib"``: validation items held out from checkpoint selection and thresholds) calibrate SGR — without
-    them SGR is computed in-sample and the report says it is not a certificate; runs on ``select_split``
-    (``"val"``) freeze the thresholds of seed ensembles built here; runs on ``transfer`` (or any split whose
-    ``meta['transfer_setting']`` is set) give the transfer AUROCs, by ``meta['transfer_setting']`` (default
-    ``"transfer"``). Runs with ``meta['train_on']``/``meta['test_on']`` go to transfer matrices (one per
-    detector and ``meta['matrix']`` setting); those with ``meta['in_dist_of']`` (a transfer run's own
-    in-distribution test split) also give the like-for-like transfer gap of that setting.
-    With ``slice_ids`` (trace ids of the matched-text slice) the detectors and controls get a matched-slice
-    table.
+    ``predictions`` may mix splits; :class:`~sift.evaluation.engine.ReportContext` sorts them: runs on
+    ``options.split`` are evaluated; runs on ``options.calib_split`` (default ``"calib"``: validation items held
+    out from checkpoint selection and thresholds) calibrate SGR — without them SGR is computed in-sample and the
+    report says it is not a certificate; runs on ``options.select_split`` (``"val"``) freeze the thresholds of
+    seed ensembles built here; runs on ``transfer`` (or any split whose ``meta['transfer_setting']`` is set) give
+    the transfer AUROCs, by ``meta['transfer_setting']`` (default ``"transfer"``). Runs with
+    ``meta['train_on']``/``meta['test_on']`` go to transfer matrices (one per detector and ``meta['matrix']``
+    setting); those with ``meta['in_dist_of']`` (a transfer run's own in-distribution test split) also give the
+    like-for-like transfer gap of that setting. With ``options.slice_ids`` (trace ids of the matched-text slice)
+    the detectors and controls get a matched-slice table.
     """
-    from sift.evaluation import tables as T
-    from sift.evaluation.controls import order_rows
+    from sift.evaluation.sections.registry import build_sections
 
-    out_dir = Path(out_dir)
-    matrix_runs = [p for p in predictions if "train_on" in p.meta and "test_on" in p.meta]
-    home: dict[str, dict[str, list[Predictions]]] = {}
-    for p in predictions:
-        if "in_dist_of" in p.meta:
-            home.setdefault(str(p.meta["in_dist_of"]), {}).setdefault(run_key(p), []).append(p)
-    rest = [p for p in predictions if not ("train_on" in p.meta and "test_on" in p.meta) and "in_dist_of" not in p.meta]
-    test = _group(p for p in rest if p.split == split and "transfer_setting" not in p.meta)
-    calib = _group(p for p in rest if calib_split is not None and p.split == calib_split) or None
-    select = _group(p for p in rest if select_split is not None and p.split == select_split) or None
-    transfer: dict[str, dict[str, list[Predictions]]] = {}
-    for p in rest:
-        if p.split == "transfer" or "transfer_setting" in p.meta:
-            if p.split == split and "transfer_setting" not in p.meta:
-                continue
-            transfer.setdefault(str(p.meta.get("transfer_setting", "transfer")), {}).setdefault(run_key(p), []).append(p)
-    sections: list[Section] = []
-    common = dict(n_resamples=n_resamples, seed=seed)
-    # Tables 1, 3 and 8 list the detectors; ablations and factorial cells have Table 4 and appendix F
-    primary = {k: v for k, v in test.items() if not any(is_variant(p) for p in v)} or test
-    primary = order_rows(primary)  # the shortcut controls last, as their own group
-    if test:
-        sections.append(T.main_table(primary, pairs, transfer=transfer or None, transfer_in_dist=home or None,
-                                     calib=calib, selective=selective, **common))
-        if any(len([p for p in v if p.seed is not None]) >= 2 or any(p.seed is None for p in v)
-               for v in primary.values()):
-            sections.append(T.ensemble_table(primary, pairs, val=select, **common))
-        sections.append(T.selective_risk_section(primary, pairs, calib=calib, selective=selective, alphas=alphas,
-                                                 coverages=coverages, match_coverage=match_coverage,
-                                                 reference=reference if reference in T.group_runs(primary) else None,
-                                                 out_dir=out_dir, **common))
-        if slice_ids is not None:
-            from sift.evaluation.controls import matched_slice_section
-
-            sections.append(matched_slice_section(primary, pairs, slice_ids, **common))
-        # ablations: a detector with runs of several ablation variants
-        by_det: dict[str, dict[str, list[Predictions]]] = {}
-        for lst in test.values():
-            for p in lst:
-                if p.seed is None:
-                    continue
-                ab = p.meta.get("ablation") or "none"
-                by_det.setdefault(p.detector, {}).setdefault("full" if ab == "none" else str(ab), []).append(p)
-        for det, variants in by_det.items():
-            if len(variants) >= 2:
-                tr = {}
-                for setting in transfer.values():
-                    for lst in setting.values():
-                        for p in lst:
-                            if p.detector == det and p.seed is not None:
-                                ab = p.meta.get("ablation") or "none"
-                                tr.setdefault("full" if ab == "none" else str(ab), []).append(p)
-                cal = None
-                if calib:
-                    cal = {}
-                    for lst in calib.values():
-                        for p in lst:
-                            if p.detector == det:
-                                ab = p.meta.get("ablation") or "none"
-                                cal.setdefault("full" if ab == "none" else str(ab), []).append(p)
-                sections.append(T.ablation_table(variants, pairs, transfer=tr or None, calib=cal, selective=selective,
-                                                 key=f"ablations_{det}", title=f"Ablations of {det} (Table 4)",
-                                                 **common))
-    matrices: dict[tuple[str, str], dict[tuple[str, str], list[Predictions]]] = {}
-    for p in matrix_runs:
-        k = (p.detector, str(p.meta.get("matrix", "transfer")))
-        matrices.setdefault(k, {}).setdefault((str(p.meta["train_on"]), str(p.meta["test_on"])), []).append(p)
-    for (det, setting), cells in matrices.items():
-        sections.append(T.transfer_matrix(cells, families=families, out_dir=out_dir,
-                                          key=f"transfer_matrix_{det}_{setting}".replace(" ", "_"),
-                                          title=f"{setting} transfer of {det} (Table 2)", **common))
-    sections += list(extra_sections)
+    o = options if options is not None else ReportOptions()
+    ctx = ReportContext(list(predictions), pairs, Path(out_dir), o)
+    sections = build_sections(ctx) + list(extra_sections)
     if not sections:
-        raise SiftError(f"nothing to report: no predictions on split {split!r} and no transfer matrices")
+        raise SiftError(f"nothing to report: no predictions on split {o.split!r} and no transfer matrices")
     if write:
-        info = {"split": split, "calib_split": calib_split if calib else None, "select_split": select_split,
-                "n_resamples": n_resamples, "bootstrap_seed": seed,
+        info = {"split": o.split, "calib_split": o.calib_split if ctx.calib else None,
+                "select_split": o.select_split, "n_resamples": o.n_resamples, "bootstrap_seed": o.seed,
                 "runs": {k: [{"seed": p.seed, "n": len(p), "threshold": p.threshold} for p in v]
-                         for k, v in test.items()},
+                         for k, v in ctx.test.items()},
                 **dict(meta or {})}
-        write_report(out_dir, sections, meta=info, title=title)
+        write_report(out_dir, sections, meta=info, title=o.title)
     return sections
 
 
@@ -394,21 +293,18 @@ def evaluate(cfg: Any) -> dict[str, Any]:
     if not preds:
         raise SiftError("nothing to evaluate: give detectors=[...] (run folders, .ckpt, ensemble.pt) "
                         "or predictions=[...] (.npz files or folders)")
-    sel = cfg.get("selective") or {}
-    selective = SelectiveConfig(float(sel.get("alpha", 0.25)), float(sel.get("delta", 0.05)),
-                                str(sel.get("bound", "clopper-pearson")),
-                                tuple(float(c) for c in sel["candidates"]) if sel.get("candidates") else None)
     extra = companion(cfg, out_dir)
-    sections = report_from_predictions(
-        preds, pairs, out_dir, split=split, calib_split=None if calib_split is None else str(calib_split),
+    options = ReportOptions.of(
+        sgr=cfg.get("selective") or {}, split=split, calib_split=None if calib_split is None else str(calib_split),
         select_split=None if select_split is None else str(select_split),
-        selective=selective, alphas=[float(a) for a in cfg.get("alphas") or (0.25, 0.30)],
-        coverages=[float(c) for c in cfg.get("coverages") or DEFAULT_COVERAGES],
+        alphas=cfg.get("alphas") or (0.25, 0.30), coverages=cfg.get("coverages") or DEFAULT_COVERAGES,
         match_coverage=float(cfg.get("match_coverage") or 0.70), reference=cfg.get("reference"),
         families=dict(cfg.families) if cfg.get("families") else None, n_resamples=int(cfg.get("n_resamples", 1000)),
-        seed=int(cfg.get("seed") or 0), extra_sections=extra, title=str(cfg.get("title") or "sift evaluation"),
-        slice_ids=_slice_ids(cfg),
-        meta={"detectors": [s.__dict__ for s in specs], "predictions_from": [str(p) for p in cfg.get("predictions") or []]})
+        seed=int(cfg.get("seed") or 0), title=str(cfg.get("title") or "sift evaluation"), slice_ids=_slice_ids(cfg))
+    sections = report_from_predictions(
+        preds, pairs, out_dir, options, extra_sections=extra,
+        meta={"detectors": [s.__dict__ for s in specs],
+              "predictions_from": [str(p) for p in cfg.get("predictions") or []]})
     return {"output_dir": str(out_dir), "sections": [s.key for s in sections],
             "report": str(out_dir / "report.md"), "results": str(out_dir / "results.json"),
             "n_predictions": len(preds)}

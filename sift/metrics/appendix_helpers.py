@@ -1,21 +1,21 @@
-"""Small pure helpers for the appendix analyses (sift.evaluation.appendix*): a vector-valued cluster
-bootstrap, matched-coverage thresholds, partial correlation, bootstrap p-values and the expected-cost
-curve of paper eq. 43."""
+"""Small pure helpers for the appendix analyses (sift.evaluation.appendix*): the vector-valued front-end of the
+cluster bootstrap, matched-coverage thresholds, partial correlation, bootstrap p-values, the expected-cost
+curve of paper eq. 43 and the SGR threshold alone (for bootstrap loops)."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
 from sift.metrics._checks import UndefinedMetricWarning
-from sift.metrics.bootstrap import cluster_resamples
+from sift.metrics.bootstrap import ClusterRows, bootstrap_drawn, bootstrap_p_value
+from sift.metrics.selective import DEFAULT_CANDIDATES, first_feasible, selection_counts, upper_bounds
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,14 +33,8 @@ class BootstrapMany:
 
         Floored at 1/(valid replicates + 1); NaN where every replicate is NaN.
         """
-        out = np.full(self.estimate.shape, np.nan)
-        for j in range(self.estimate.size):
-            r = self.replicates[:, j]
-            r = r[~np.isnan(r)]
-            if r.size:
-                p = 2.0 * min(np.mean(r <= null), np.mean(r >= null))
-                out[j] = min(1.0, max(p, 1.0 / (r.size + 1)))
-        return out
+        return np.array([bootstrap_p_value(self.replicates[:, j], null, floor=True)
+                         for j in range(self.estimate.size)], dtype=float).reshape(self.estimate.shape)
 
 
 def cluster_bootstrap_many(
@@ -50,7 +44,7 @@ def cluster_bootstrap_many(
     seed: int = 0,
     confidence: float = 0.95,
 ) -> BootstrapMany:
-    """:func:`sift.metrics.cluster_bootstrap` for a vector-valued statistic (same resampling scheme).
+    """:func:`sift.metrics.cluster_bootstrap` for a vector-valued statistic (same engine and draws).
 
     ``statistic(idx)`` returns a 1-D array of k numbers computed on rows ``idx``; every replicate draws
     as many base items as there are, with replacement, and passes the concatenated rows of the drawn
@@ -58,24 +52,18 @@ def cluster_bootstrap_many(
     their joint distribution (differences of cells, shares of effects) coherent and costs one loop.
     NaN replicates of a component are dropped from that component's percentiles and counted.
     """
-    resamples = cluster_resamples(groups, n_resamples, seed, confidence)  # validates the arguments
-    first = next(resamples)
+    g = np.asarray(groups)
+    if g.ndim != 1 or g.size == 0:
+        raise SiftError(f"groups must be a non-empty 1-D array, got shape {g.shape}")
+    if n_resamples < 1:
+        raise SiftError(f"n_resamples must be >= 1, got {n_resamples}")
+    index = ClusterRows.of_labels(g)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
-        estimate = np.atleast_1d(np.asarray(statistic(np.arange(np.asarray(groups).size)), dtype=float))
-        reps = np.full((n_resamples, estimate.size), np.nan)
-        for r, idx in enumerate(itertools.chain([first], resamples)):
-            reps[r] = np.asarray(statistic(idx), dtype=float)
-    tail = 100.0 * (1.0 - confidence) / 2.0
-    low = np.full(estimate.size, np.nan)
-    high = np.full(estimate.size, np.nan)
-    n_nan = np.isnan(reps).sum(axis=0)
-    for j in range(estimate.size):
-        v = reps[:, j][~np.isnan(reps[:, j])]
-        if v.size:
-            low[j], high[j] = np.percentile(v, [tail, 100.0 - tail])
-    return BootstrapMany(estimate, low, high, reps, n_nan)
+        est, reps, low, high = bootstrap_drawn(lambda drawn: statistic(index.rows(drawn)), index.n_clusters,
+                                               n_resamples, seed, confidence)
+    return BootstrapMany(est, low, high, reps, np.isnan(reps).sum(axis=0))
 
 
 def coverage_threshold(rho: ArrayLike, coverage: float) -> float:
@@ -164,40 +152,11 @@ def sgr_threshold(
     delta: float,
     candidates: ArrayLike | None = None,
 ) -> float:
-    """The threshold :func:`sift.metrics.sgr` certifies (Clopper–Pearson bound), without the curve.
-
-    Same rule (every candidate tested, δ' = δ/|𝒯|, smallest feasible t; +inf when none is), computed with
-    ``scipy.special.betaincinv`` directly, which is an order of magnitude faster inside bootstrap loops.
-    """
-    from scipy.special import betaincinv
-
-    from sift.metrics.selective import DEFAULT_CANDIDATES
-
+    """The threshold :func:`sift.metrics.sgr` certifies (Clopper–Pearson bound), without the curve or the input
+    checks (same kernels: :func:`~sift.metrics.selective.selection_counts`, the binomial bound,
+    :func:`~sift.metrics.selective.first_feasible`); +inf when none is feasible. For bootstrap loops."""
     rho = np.asarray(confidence, float)
-    err = 1 - np.asarray(correct, int)
     ts = DEFAULT_CANDIDATES if candidates is None else np.unique(np.asarray(candidates, float))
-    n = rho.size
-    order = np.argsort(rho, kind="mergesort")
-    start = np.searchsorted(rho[order], ts, side="left")
-    n_sel = n - start
-    cum_err = np.concatenate([[0], np.cumsum(err[order][::-1])])
-    e_sel = cum_err[n_sel]
-    ub = np.full(ts.size, np.inf)
-    has = n_sel > 0
-    ub[has] = 1.0
-    part = has & (e_sel < n_sel)
-    ub[part] = betaincinv(e_sel[part] + 1, n_sel[part] - e_sel[part], 1.0 - delta / ts.size)
-    ok = np.flatnonzero(ub <= alpha)
-    return float(ts[ok[0]]) if ok.size else math.inf
-
-
-def fast_auroc(score: ArrayLike, label: ArrayLike) -> float:
-    """AUROC (Mann–Whitney, ties = ½) with one sort; NaN (no warning) for a single class."""
-    s, y = np.asarray(score, float), np.asarray(label, int)
-    npos = int(y.sum())
-    nneg = y.size - npos
-    if npos == 0 or nneg == 0:
-        return math.nan
-    srt = np.sort(s, kind="mergesort")
-    rank = (np.searchsorted(srt, s, "left") + np.searchsorted(srt, s, "right") + 1) / 2.0
-    return float((rank[y == 1].sum() - npos * (npos + 1) / 2.0) / (npos * nneg))
+    n_sel, e_sel = selection_counts(rho, 1 - np.asarray(correct, int), ts)
+    i = first_feasible(upper_bounds(e_sel, n_sel, delta / ts.size, "clopper-pearson"), alpha)
+    return math.inf if i is None else float(ts[i])

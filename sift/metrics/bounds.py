@@ -27,6 +27,21 @@ def gaussian_ivr_bound(b: float, sigma: float) -> float:
     return 0.5 * math.erf(b / (math.sqrt(2.0) * sigma))
 
 
+def ivr_floor(margins: np.ndarray, band: np.ndarray, sigma: float) -> tuple[float, float]:
+    """Kernel of the IVR floor (Thm. 4.6): (½·E[erf(b/(√2σ))] (eq. 30, NaN unless σ > 0), ½·P̂[|m| ≤ b] (eq. 12)),
+    margins m and bands b ≥ 0 per pair. No checks."""
+    empirical = 0.5 * float(np.mean(np.abs(margins) <= band))
+    gaussian = 0.5 * float(np.mean(erf(band / (math.sqrt(2.0) * sigma)))) if sigma > 0 else math.nan
+    return gaussian, empirical
+
+
+def slope_through_origin(x: np.ndarray, y: np.ndarray) -> float:
+    """Least-squares slope of y on x without intercept, x·y / x·x (the local sensitivity γ of eq. 10); NaN when
+    x·x = 0."""
+    den = float(np.dot(x, x))
+    return float(np.dot(x, y)) / den if den > 0 else math.nan
+
+
 @dataclass(frozen=True)
 class IVRLowerBound:
     """``gaussian`` = ½·E[erf(γ|Δ|/(√2σ))] (eq. 30 averaged over pairs); ``empirical`` =
@@ -53,14 +68,12 @@ def ivr_lower_bound(
     if n == 0:
         nan = undefined("IVR lower bound undefined: no pairs")
         return IVRLowerBound(nan, nan, nan, 0)
-    empirical = 0.5 * float(np.mean(np.abs(m) <= gd))
     if sigma is None:
         sigma = float(np.std(m, ddof=1)) if n > 1 else math.nan
     sigma = float(sigma)
+    gaussian, empirical = ivr_floor(m, gd, sigma)
     if not sigma > 0:
-        nan = undefined(f"Gaussian IVR bound undefined: sigma = {sigma} (need > 0)")
-        return IVRLowerBound(nan, empirical, sigma, n)
-    gaussian = 0.5 * float(np.mean(erf(gd / (math.sqrt(2.0) * sigma))))
+        undefined(f"Gaussian IVR bound undefined: sigma = {sigma} (need > 0)")
     return IVRLowerBound(gaussian, empirical, sigma, n)
 
 
@@ -82,7 +95,7 @@ def estimate_gamma(
     if not nz.any():
         return undefined("gamma undefined: every displacement is 0")
     if method == "slope":
-        return float(np.sum(d * dm) / np.sum(d * d))
+        return slope_through_origin(d, dm)
     if method == "median_ratio":
         return float(np.median(np.abs(dm[nz]) / np.abs(d[nz])))
     raise SiftError(f"method must be 'slope' or 'median_ratio', got {method!r}")

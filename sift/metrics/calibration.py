@@ -11,6 +11,40 @@ from sift.errors import SiftError
 from sift.metrics._checks import as_binary, as_finite, same_length, undefined
 
 
+def uniform_bin_index(confidence: ArrayLike, n_bins: int) -> np.ndarray:
+    """Bin of each confidence among B equal-width, right-closed bins ((b−1)/B, b/B], the first also holding 0
+    (Guo et al.; torchmetrics instead uses left-closed bins)."""
+    edges = np.linspace(0.0, 1.0, n_bins + 1)
+    return np.searchsorted(edges[1:-1], np.asarray(confidence, dtype=float), side="left")
+
+
+def calibration_bins(confidence: np.ndarray, accuracy: np.ndarray, n_bins: int = 10,
+                     strategy: Literal["uniform", "quantile"] = "uniform"
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sizes, mean accuracy and mean confidence of the non-empty bins (the ECE/MCE kernel's input).
+
+    ``"uniform"``: :func:`uniform_bin_index`; ``"quantile"``: equal-mass bins from a stable sort split into B
+    chunks of sizes differing by ≤ 1 (ties may straddle bins; empty chunks skipped).
+    """
+    if strategy == "uniform":
+        bins = uniform_bin_index(confidence, n_bins)
+        chunks = [np.flatnonzero(bins == k) for k in range(n_bins)]
+    elif strategy == "quantile":
+        chunks = np.array_split(np.argsort(confidence, kind="mergesort"), n_bins)
+    else:
+        raise SiftError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+    chunks = [idx for idx in chunks if idx.size]
+    sizes = np.array([idx.size for idx in chunks], dtype=float)
+    acc = np.array([accuracy[idx].mean() for idx in chunks], dtype=float)
+    conf = np.array([confidence[idx].mean() for idx in chunks], dtype=float)
+    return sizes, acc, conf
+
+
+def ece_from_bins(sizes: np.ndarray, accuracy: np.ndarray, confidence: np.ndarray) -> float:
+    """ECE = Σ_b (n_b/n)·|acc_b − conf_b| over the bins of :func:`calibration_bins`."""
+    return float(np.sum(sizes * np.abs(accuracy - confidence)) / np.sum(sizes))
+
+
 def ece(
     probs: ArrayLike,
     labels: ArrayLike,
@@ -22,11 +56,7 @@ def ece(
 
     ``probs`` = P(faithful = 1). ``reliability="top_label"`` (default, Guo): conf = max(p, 1−p),
     acc = 1[1[p ≥ 0.5] = label]. ``"positive_class"``: conf = p, acc = label (the convention of
-    torchmetrics ``BinaryCalibrationError``).
-    Binning: ``"uniform"`` = B equal-width right-closed bins ((b−1)/B, b/B], the first also holding 0
-    (torchmetrics instead uses left-closed bins); ``"quantile"`` = equal-mass bins from a stable sort
-    split into B chunks of sizes differing by ≤ 1 (ties may straddle bins; empty chunks skipped).
-    Empty input: NaN with a warning.
+    torchmetrics ``BinaryCalibrationError``). Binning: :func:`calibration_bins`. Empty input: NaN with a warning.
     """
     p, y = as_finite("probs", probs), as_binary("labels", labels)
     n = same_length(probs=p, labels=y)
@@ -34,6 +64,8 @@ def ece(
         raise SiftError("probs must lie in [0, 1]")
     if n_bins < 1:
         raise SiftError(f"n_bins must be >= 1, got {n_bins}")
+    if strategy not in ("uniform", "quantile"):
+        raise SiftError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
     if n == 0:
         return undefined("ECE undefined: no predictions")
     if reliability == "top_label":
@@ -42,13 +74,4 @@ def ece(
         conf, acc = p, y.astype(float)
     else:
         raise SiftError(f"reliability must be 'top_label' or 'positive_class', got {reliability!r}")
-    if strategy == "uniform":
-        edges = np.linspace(0.0, 1.0, n_bins + 1)
-        bins = np.searchsorted(edges[1:-1], conf, side="left")
-        chunks = [np.flatnonzero(bins == k) for k in range(n_bins)]
-    elif strategy == "quantile":
-        chunks = np.array_split(np.argsort(conf, kind="mergesort"), n_bins)
-    else:
-        raise SiftError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
-    total = sum(idx.size * abs(acc[idx].mean() - conf[idx].mean()) for idx in chunks if idx.size)
-    return float(total / n)
+    return ece_from_bins(*calibration_bins(conf, acc, n_bins, strategy))

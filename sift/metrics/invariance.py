@@ -11,6 +11,72 @@ from numpy.typing import ArrayLike
 from sift.errors import SiftError
 from sift.metrics._checks import as_binary, as_mask, check_unit, same_length, undefined
 
+# ------------------------------------------------------------------------------------------------ kernels
+# The one place the IVR, AS and MFS formulas are written. ``*_update`` turns per-pair arrays into counts
+# (sums, so they add up across batches and DDP ranks), ``*_compute`` turns counts into the metric, as
+# torchmetrics' ``_update``/``_compute`` pairs do. No input checks and no warnings: NaN marks "undefined".
+
+
+def ivr_update(verdict_src: np.ndarray, verdict_dst: np.ndarray, axis: np.ndarray | None = None,
+               n_axes: int = 1, keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per preserving axis: number of pairs and of invariance violations φ̂(c') ≠ φ̂(c) (paper eq. 6).
+
+    ``axis``: axis code in [0, n_axes) per pair (None: all in axis 0); ``keep``: pairs to count (None: all).
+    """
+    ax = np.zeros(np.shape(verdict_src)[0], dtype=np.int64) if axis is None else np.asarray(axis, np.int64)
+    flips = np.asarray(verdict_src) != np.asarray(verdict_dst)
+    if keep is not None:
+        ax, flips = ax[keep], flips[keep]
+    n = np.bincount(ax, minlength=n_axes).astype(float)
+    violations = np.bincount(ax, weights=flips.astype(float), minlength=n_axes)
+    return n, violations
+
+
+def ivr_compute(n: np.ndarray, violations: np.ndarray) -> tuple[np.ndarray, float]:
+    """Per-axis IVR (NaN for an axis without pairs) and the unweighted (macro) mean over axes with pairs."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per = np.where(n > 0, violations / np.maximum(n, 1), math.nan)
+    return per, float(per[n > 0].mean()) if np.any(n > 0) else math.nan
+
+
+def ivr_pooled(n: np.ndarray, violations: np.ndarray) -> float:
+    """Pooled IVR: all violations over all preserving pairs (weights axes by their pair counts)."""
+    return float(violations.sum() / n.sum()) if n.sum() > 0 else math.nan
+
+
+def as_update(verdict_before: np.ndarray, verdict_after: np.ndarray, label_before: np.ndarray,
+              label_after: np.ndarray, keep: np.ndarray | None = None) -> tuple[float, float]:
+    """Number of verified altering pairs (label_after ≠ label_before) among ``keep`` and of those whose verdict
+    moves with the label: verdict_after − verdict_before = label_after − label_before (paper eq. 7)."""
+    vb, va = np.asarray(verdict_before, np.int64), np.asarray(verdict_after, np.int64)
+    lb, la = np.asarray(label_before, np.int64), np.asarray(label_after, np.int64)
+    altering = la != lb
+    if keep is not None:
+        altering = altering & keep
+    return float(altering.sum()), float(((va - vb) == (la - lb))[altering].sum())
+
+
+def as_compute(n: float, moved: float) -> float:
+    """AS = moved / n; NaN without altering pairs."""
+    return float(moved / n) if n > 0 else math.nan
+
+
+def mfs_compute(ivr: float, as_: float, coverage: float = 1.0) -> float:
+    """MFS = κ·2(1−IVR)·AS / ((1−IVR) + AS) (eq. 8 / eq. 86); NaN if any input is NaN; 0 when (1−IVR) + AS = 0
+    (the harmonic mean's limit)."""
+    if any(math.isnan(v) for v in (ivr, as_, coverage)):
+        return math.nan
+    inv = 1.0 - ivr
+    return 0.0 if inv + as_ == 0 else coverage * 2.0 * inv * as_ / (inv + as_)
+
+
+def certified_pairs(rho: np.ndarray, src: np.ndarray, dst: np.ndarray, threshold: float) -> np.ndarray:
+    """Pairs whose two traces are both certified (ρ ≥ t): the pairs a certified IVR/AS counts (Def. 4.4)."""
+    return (rho[src] >= threshold) & (rho[dst] >= threshold)
+
+
+# ------------------------------------------------------------------------------------- checked functions
+
 
 def invariance_violation_rate(
     verdicts_a: ArrayLike, verdicts_b: ArrayLike, mask: ArrayLike | None = None
@@ -26,7 +92,7 @@ def invariance_violation_rate(
     keep = as_mask("mask", mask, n)
     if not keep.any():
         return undefined("IVR undefined: no (certified) preserving pairs")
-    return float(np.mean(a[keep] != b[keep]))
+    return float(ivr_compute(*ivr_update(a, b, keep=keep))[0][0])
 
 
 def ivr_per_axis(
@@ -48,17 +114,12 @@ def ivr_per_axis(
     names = [str(v) for v in ax]
     if "mean" in names:
         raise SiftError("axes may not contain the name 'mean' (reserved for the macro mean)")
-    names_arr = np.asarray(names, dtype=object)
+    order, codes = np.unique(np.asarray(names, dtype=object), return_inverse=True)
+    per, mean = ivr_compute(*ivr_update(a, b, np.asarray(codes).reshape(-1), len(order), keep))
     out: dict[str, float] = {}
-    for name in sorted(set(names)):
-        sel = (names_arr == name) & keep
-        out[name] = (
-            float(np.mean(a[sel] != b[sel]))
-            if sel.any()
-            else undefined(f"IVR undefined for axis {name!r}: no (certified) pairs")
-        )
-    vals = [v for v in out.values() if not math.isnan(v)]
-    out["mean"] = float(np.mean(vals)) if vals else undefined("IVR macro mean undefined: no axis has pairs")
+    for name, v in zip(order.tolist(), per.tolist()):
+        out[name] = v if not math.isnan(v) else undefined(f"IVR undefined for axis {name!r}: no (certified) pairs")
+    out["mean"] = mean if not math.isnan(mean) else undefined("IVR macro mean undefined: no axis has pairs")
     return out
 
 
@@ -82,15 +143,13 @@ def alteration_sensitivity(
     lb, la = as_binary("labels_before", labels_before), as_binary("labels_after", labels_after)
     n = same_length(verdicts_before=vb, verdicts_after=va, labels_before=lb, labels_after=la)
     keep = as_mask("mask", mask, n)
-    altering = la != lb
-    n_static = int(np.sum(keep & ~altering))
+    n_static = int(np.sum(keep & (la == lb)))
     if n_static:
         undefined(f"AS: {n_static} pair(s) with labels_after == labels_before excluded (not altering)")
-    keep &= altering
-    if not keep.any():
+    n_alt, moved = as_update(vb, va, lb, la, keep)
+    if n_alt == 0:
         return undefined("AS undefined: no (certified) verified altering pairs")
-    moves = (va - vb) == (la - lb)
-    return float(np.mean(moves[keep]))
+    return as_compute(n_alt, moved)
 
 
 def meta_faithfulness_score(ivr: float, as_: float, coverage: float = 1.0) -> float:
@@ -98,15 +157,9 @@ def meta_faithfulness_score(ivr: float, as_: float, coverage: float = 1.0) -> fl
 
     IVR and AS should be computed on the certified subset. Any NaN input gives NaN. When
     1−IVR = AS = 0 the harmonic mean is taken as its limit 0 (documented convention, not an error).
-    Inputs outside [0, 1] raise SiftError.
+    Inputs outside [0, 1] raise SiftError. Checked inputs, then :func:`mfs_compute`.
     """
-    ivr, as_, kappa = check_unit("ivr", ivr), check_unit("as_", as_), check_unit("coverage", coverage)
-    if any(math.isnan(v) for v in (ivr, as_, kappa)):
-        return math.nan
-    inv = 1.0 - ivr
-    if inv + as_ == 0.0:
-        return 0.0
-    return kappa * 2.0 * inv * as_ / (inv + as_)
+    return mfs_compute(check_unit("ivr", ivr), check_unit("as_", as_), check_unit("coverage", coverage))
 
 
 @dataclass(frozen=True)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.stats import beta, norm
 
 from sift.errors import SiftError
 from sift.metrics._checks import as_binary, as_finite, check_unit, same_length, undefined
+from sift.metrics.binomial import clopper_pearson_upper, wald_upper
 
 #: Default candidate thresholds, fixed before seeing data: a grid over the range of ρ = max(s, 1−s).
 DEFAULT_CANDIDATES = np.linspace(0.5, 1.0, 51)
@@ -53,24 +54,31 @@ class SGRResult:
     curve: RiskCoverageCurve
 
 
-def _upper_bounds(
-    errors: np.ndarray, n_sel: np.ndarray, delta_each: float, bound: str
-) -> np.ndarray:
-    """One-sided (1 − δ') upper bounds on the selective error rate; inf where n_t = 0."""
-    out = np.full(errors.shape, np.inf)
+def upper_bounds(errors: np.ndarray, n_sel: np.ndarray, delta_each: float, bound: str) -> np.ndarray:
+    """One-sided (1 − δ') upper bounds on the selective error rate (:mod:`sift.metrics.binomial`); inf where
+    n_t = 0. ``"clopper-pearson"``: exact (App. K.5); ``"normal"``: the Wald bound of eq. 34."""
+    out = np.full(np.shape(errors), np.inf)
     has = n_sel > 0
     e, n = errors[has], n_sel[has]
-    if bound == "clopper-pearson":
-        # Exact binomial (App. K.5): U = Beta^{-1}(1−δ'; e+1, n−e); U = 1 when e = n.
-        ub = np.ones_like(e, dtype=float)
-        part = e < n
-        ub[part] = beta.ppf(1.0 - delta_each, e[part] + 1, n[part] - e[part])
-    else:
-        # Asymptotic Wald bound, eq. 34: R̂ + z_{1−δ'}·sqrt(R̂(1−R̂)/n_t); it is 0 when R̂ = 0.
-        r = e / n
-        ub = r + norm.ppf(1.0 - delta_each) * np.sqrt(r * (1.0 - r) / n)
-    out[has] = ub
+    out[has] = clopper_pearson_upper(e, n, delta_each) if bound == "clopper-pearson" else wald_upper(e, n, delta_each)
     return out
+
+
+def selection_counts(confidence: np.ndarray, errors: np.ndarray, thresholds: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """n_t (traces with ρ ≥ t) and e_t (errors among them) for every threshold t at once (eq. 33), by sorting ρ:
+    O((n + K) log n)."""
+    order = np.argsort(confidence, kind="mergesort")
+    start = np.searchsorted(confidence[order], thresholds, side="left")  # first index with ρ ≥ t
+    n_sel = (confidence.size - start).astype(np.int64)
+    cum_err = np.concatenate([[0], np.cumsum(errors[order][::-1])])  # errors among the top j
+    return n_sel, cum_err[n_sel].astype(np.int64)
+
+
+def first_feasible(bounds: np.ndarray, alpha: float) -> int | None:
+    """Index of the smallest candidate (candidates ascend) whose bound is ≤ α (eq. 35); None if none is."""
+    ok = np.flatnonzero(bounds <= alpha)
+    return int(ok[0]) if ok.size else None
 
 
 def sgr(
@@ -106,21 +114,14 @@ def sgr(
         if ts.size == 0:
             raise SiftError("candidates is empty")
     k = ts.size
-    err = 1 - ok
-    # n_t and e_t for every candidate at once by sorting ρ: O((n + K) log n).
-    order = np.argsort(rho, kind="mergesort")
-    rho_sorted, err_sorted = rho[order], err[order]
-    start = np.searchsorted(rho_sorted, ts, side="left")  # first index with ρ ≥ t
-    n_sel = (n - start).astype(np.int64)
-    cum_err = np.concatenate([[0], np.cumsum(err_sorted[::-1])])  # errors among the top j
-    e_sel = cum_err[n_sel].astype(np.int64)
+    n_sel, e_sel = selection_counts(rho, 1 - ok, ts)
     with np.errstate(invalid="ignore", divide="ignore"):
         risk = np.where(n_sel > 0, e_sel / np.maximum(n_sel, 1), np.nan)
-    ub = _upper_bounds(e_sel, n_sel, delta / k, bound)
+    ub = upper_bounds(e_sel, n_sel, delta / k, bound)
     coverage = n_sel / n if n else np.zeros(k)
     curve = RiskCoverageCurve(ts, coverage, risk, np.where(np.isinf(ub), np.nan, ub), n_sel)
-    feasible = np.flatnonzero(ub <= alpha)
-    if feasible.size == 0:
+    i = first_feasible(ub, alpha)
+    if i is None:
         if n == 0:
             reason = "SGR infeasible: empty calibration set"
         else:
@@ -131,7 +132,6 @@ def sgr(
             )
         undefined(reason)
         return SGRResult(math.inf, 0.0, math.nan, math.nan, 0, False, reason, curve)
-    i = int(feasible[0])  # candidates ascend, so the first feasible t is the smallest
     return SGRResult(
         threshold=float(ts[i]),
         coverage=float(coverage[i]),
@@ -157,6 +157,14 @@ def select_top(confidence: ArrayLike, coverage: float) -> np.ndarray:
     return keep
 
 
+def top_coverage_counts(confidence: np.ndarray, correct: np.ndarray, coverage: float) -> tuple[int, int]:
+    """Kernel of the coverage-indexed selective risk: (errors, size) of the ⌈coverage·n⌉ most confident traces
+    (:func:`select_top`); the risk is errors / size."""
+    keep = select_top(confidence, coverage)
+    n = int(keep.sum())
+    return int(n - np.asarray(correct)[keep].sum()), n
+
+
 def risk_at_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float) -> float:
     """Empirical selective risk (error rate) among the ⌈coverage·n⌉ most confident traces (:func:`select_top`).
 
@@ -164,11 +172,12 @@ def risk_at_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float)
     certified here, see :func:`sgr` for that. Zero selected traces: NaN with a warning.
     """
     ok = as_binary("correct", correct)
-    keep = select_top(confidence, coverage)
-    same_length(confidence=keep, correct=ok)
-    if not keep.any():
+    rho = as_finite("confidence", confidence)
+    same_length(confidence=rho, correct=ok)
+    errors, n = top_coverage_counts(rho, ok, coverage)
+    if n == 0:
         return undefined(f"selective risk undefined at coverage {coverage}: no trace selected")
-    return float(1.0 - ok[keep].mean())
+    return errors / n
 
 
 def risk_upper_bound(errors: int, n: int, delta: float, bound: Literal["clopper-pearson", "normal"] =
@@ -179,5 +188,5 @@ def risk_upper_bound(errors: int, n: int, delta: float, bound: Literal["clopper-
         raise SiftError(f"bound must be 'clopper-pearson' or 'normal', got {bound!r}")
     if n <= 0:
         return undefined("risk bound undefined: no selected traces")
-    ub = _upper_bounds(np.array([errors]), np.array([n]), delta, bound)
+    ub = upper_bounds(np.array([errors]), np.array([n]), delta, bound)
     return float(ub[0])

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 from statsmodels.stats.contingency_tables import mcnemar as _sm_mcnemar
+from statsmodels.stats.multitest import multipletests
 
 from sift.errors import SiftError
 from sift.metrics._checks import as_1d, as_binary, check_unit, same_length, undefined
@@ -64,8 +65,9 @@ def benjamini_hochberg(p_values: ArrayLike, q: float = 0.05) -> BHResult:
     """Benjamini–Hochberg step-up at FDR level q (paper §7.1: across axes / comparisons).
 
     Reject H_(1..k) for the largest k with p_(k) ≤ k·q/m. Adjusted p_(i) = min_{j≥i} m·p_(j)/j,
-    capped at 1 (same as statsmodels ``multipletests(method='fdr_bh')``). NaN p-values are left out
-    of the family (m counts finite ones only), never rejected, and reported with a warning.
+    capped at 1: statsmodels ``multipletests(method='fdr_bh')`` on the finite p-values, H_i rejected iff its
+    adjusted p ≤ q (the same decision). NaN p-values are left out of the family (m counts finite ones only),
+    never rejected, and reported with a warning.
     """
     p = as_1d("p_values", p_values)
     check_unit("q", q, open_interval=True)
@@ -75,15 +77,8 @@ def benjamini_hochberg(p_values: ArrayLike, q: float = 0.05) -> BHResult:
     if not finite.all():
         undefined(f"BH: {int(np.sum(~finite))} NaN p-value(s) left out of the family")
     adjusted = np.full(p.shape, np.nan)
-    pf = p[finite]
-    m = pf.size
-    if m:
-        order = np.argsort(pf, kind="mergesort")
-        scaled = pf[order] * m / np.arange(1, m + 1)
-        adj_sorted = np.minimum(np.minimum.accumulate(scaled[::-1])[::-1], 1.0)
-        adj = np.empty(m)
-        adj[order] = adj_sorted
-        adjusted[finite] = adj
+    if finite.any():
+        adjusted[finite] = multipletests(p[finite], alpha=q, method="fdr_bh")[1]
     reject = np.zeros(p.shape, dtype=bool)
     reject[finite] = adjusted[finite] <= q
     return BHResult(reject=reject, p_adjusted=adjusted)

@@ -5,12 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from sift.metrics import auroc, cluster_bootstrap, sgr
+from sift.metrics import cluster_bootstrap, sgr
 from sift.metrics.appendix_helpers import (
     cluster_bootstrap_many,
     coverage_threshold,
     expected_cost_curve,
-    fast_auroc,
     partial_correlation,
     pearson,
     sgr_threshold,
@@ -52,13 +51,6 @@ def test_sgr_threshold_equals_sgr():
             ref = sgr(rho, correct, alpha, 0.05)
             got = sgr_threshold(rho, correct, alpha, 0.05)
             assert got == ref.threshold
-
-
-def test_fast_auroc_equals_sklearn_with_ties():
-    s = np.array([0.1, 0.4, 0.4, 0.8, 0.8, 0.3, 0.9])
-    y = np.array([0, 1, 0, 1, 0, 0, 1])
-    assert fast_auroc(s, y) == pytest.approx(auroc(s, y))
-    assert math.isnan(fast_auroc(s, np.ones(7, int)))
 
 
 def test_partial_correlation_removes_the_control():

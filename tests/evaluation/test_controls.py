@@ -129,6 +129,7 @@ def test_group_rows_put_controls_under_their_own_heading():
 
 
 def test_report_has_controls_group_margin_column_and_slice_table(tmp_path):
+    from sift.evaluation.engine import ReportOptions
     from sift.evaluation.run import report_from_predictions
 
     label = [1, 0] * 20
@@ -139,7 +140,7 @@ def test_report_has_controls_group_margin_column_and_slice_table(tmp_path):
     ids = [f"t{i}" for i in range(40)]
     pairs = Pairs(["paraphrase"] * 10, ["preserving"] * 10, ids[0:20:2], ids[1:20:2], [1] * 10, [0] * 10,
                   items[0:20:2])
-    secs = report_from_predictions(runs, pairs, tmp_path, n_resamples=50, slice_ids=set(ids[:10]))
+    secs = report_from_predictions(runs, pairs, tmp_path, ReportOptions.of(n_resamples=50, slice_ids=set(ids[:10])))
     md = (tmp_path / "report.md").read_text()
     res = json.loads((tmp_path / "results.json").read_text())
     assert "**controls**" in md and "Δ AUROC vs best control" in md and NOT_ABOVE in md

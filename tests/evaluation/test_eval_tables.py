@@ -9,20 +9,12 @@ from sklearn.metrics import roc_auc_score
 
 import ev_toy as toy
 from ev_toy import CERT, est
-from sift.evaluation.analysis import fast_auroc
 from sift.evaluation.predictions import Predictions
-from sift.evaluation.tables import (ablation_table, ensemble_table, main_table, selective_risk_section,
-                                    transfer_matrix)
-
-
-def test_fast_auroc_matches_sklearn_with_ties():
-    rng = np.random.default_rng(0)
-    for _ in range(100):
-        n = int(rng.integers(2, 30))
-        s, y = rng.integers(0, 4, n).astype(float), rng.integers(0, 2, n)
-        if 0 < y.sum() < n:
-            assert fast_auroc(s, y) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
-    assert math.isnan(fast_auroc(np.array([0.2, 0.3]), np.array([1, 1])))
+from sift.evaluation.sections.ablations import ablation_table
+from sift.evaluation.sections.ensemble import ensemble_table
+from sift.evaluation.sections.main_table import main_table
+from sift.evaluation.sections.selective_risk import selective_risk_section
+from sift.evaluation.sections.transfer_matrix import transfer_matrix
 
 
 def test_main_table_hand_values():

@@ -6,10 +6,13 @@ import numpy as np
 import pytest
 
 import ev_toy as toy
-from sift.evaluation.analysis import Items, bootstrap_vector, item_resamples, split_strata
+from sift.evaluation.analysis import Items, bootstrap_vector, split_strata
+from sift.metrics.bootstrap import draw_clusters
 from sift.evaluation.predictions import Pairs, Predictions
 from ev_toy import CERT, est
-from sift.evaluation.tables import IN_DIST, ensemble_table, main_table, transfer_matrix
+from sift.evaluation.sections.ensemble import ensemble_table
+from sift.evaluation.sections.main_table import main_table
+from sift.evaluation.sections.transfer_matrix import IN_DIST, transfer_matrix
 
 
 def cell(probs, items=("a", "b", "c", "d"), labels=(0, 0, 1, 1), detector="sift", seed=0, split="test",
@@ -103,13 +106,13 @@ def test_stratified_resamples_keep_each_split_size():
     strata = split_strata(items, [test, held])
     # strata by split membership: {a, b} test only, {c, d} both, {e, f} held-out only
     assert len(set(strata[:2])) == len(set(strata[2:4])) == len(set(strata[4:])) == 1 and len(set(strata)) == 3
-    for drawn in item_resamples(6, 50, seed=3, strata=strata):
+    for drawn in draw_clusters(6, 50, seed=3, strata=strata):
         counts = np.bincount(strata[drawn], minlength=3)
         assert sorted(counts.tolist()) == [2, 2, 2]
         assert np.isin(drawn, [0, 1, 2, 3]).sum() == 4   # every replicate holds exactly 4 test items
     # one stratum: the plain cluster bootstrap's draws
     rng = np.random.default_rng(7)
-    assert np.array_equal(next(item_resamples(5, 1, seed=7)), rng.integers(0, 5, size=5))
+    assert np.array_equal(next(draw_clusters(5, 1, seed=7)), rng.integers(0, 5, size=5))
     est_, lo, hi = bootstrap_vector(lambda d: np.array([4.0 if d is None else np.isin(d, [0, 1, 2, 3]).sum()]),
                                     6, 30, strata=strata)
     assert est_[0] == lo[0] == hi[0] == 4.0

@@ -1,0 +1,290 @@
+"""The evaluation engine: the report's options, the aligned prediction table and the context every report
+section reads.
+
+:class:`ReportContext` is built once per report from all predictions (every run, split and transfer setting)
+and the verified pairs. It holds the aligned per-trace table (:class:`PredictionTable`: one row per trace of
+every run, with run, detector, seed, split, base item, condition, label, probability, verdict, gate) and the
+runs grouped the ways the sections need them (the evaluated split, calibration, selection, transfer settings,
+transfer matrices). Sections (:mod:`sift.evaluation.sections`) read it and never regroup predictions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sift.errors import SiftError
+from sift.evaluation.analysis import CALIB_SPLIT, SelectiveConfig
+from sift.evaluation.predictions import Pairs, Predictions
+
+#: selective risk is reported at these coverages (paper Table 3 (a))
+DEFAULT_COVERAGES = (0.05, 0.25, 0.45, 0.65, 0.85, 1.00)
+
+
+def _get(node: Any, *names: str, default: Any = None) -> Any:
+    """The first of ``names`` set on a mapping or attribute node (a DictConfig, a dataclass, a dict)."""
+    for n in names:
+        v = node.get(n) if hasattr(node, "get") else getattr(node, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """What the report computes: the evaluated / calibration / selection splits, the SGR settings, the
+    selective-risk grid, the reference detector, source families, the bootstrap (resamples, seed), the title and
+    the matched-text slice (trace ids)."""
+
+    split: str = "test"
+    calib_split: str | None = CALIB_SPLIT
+    select_split: str | None = "val"
+    selective: SelectiveConfig = field(default_factory=SelectiveConfig)
+    alphas: tuple[float, ...] = (0.25, 0.30)
+    coverages: tuple[float, ...] = DEFAULT_COVERAGES
+    match_coverage: float = 0.70
+    reference: str | None = None
+    families: Mapping[str, str] | None = None
+    n_resamples: int = 1000
+    seed: int = 0
+    title: str = "sift evaluation"
+    slice_ids: frozenset[str] | None = None
+    #: modules defining extra registered sections (imported before the registry is read)
+    section_modules: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, *, sgr: Any = None, bootstrap: Any = None, **values: Any) -> ReportOptions:
+        """Options from plain values plus, optionally, an SGR node (``alpha``, ``delta``, ``bound``,
+        ``candidates``; a :class:`SelectiveConfig` is taken as is) and a bootstrap node (``resamples`` or
+        ``n_resamples``, ``seed``); the nodes may be dicts, DictConfigs or dataclasses."""
+        if sgr is not None:
+            if not isinstance(sgr, SelectiveConfig):
+                cands = _get(sgr, "candidates")
+                sgr = SelectiveConfig(float(_get(sgr, "alpha", default=0.25)), float(_get(sgr, "delta", default=0.05)),
+                                      str(_get(sgr, "bound", default="clopper-pearson")),
+                                      tuple(float(c) for c in cands) if cands else None)
+            values["selective"] = sgr
+        if bootstrap is not None:
+            values.setdefault("n_resamples", int(_get(bootstrap, "resamples", "n_resamples", default=1000)))
+            values.setdefault("seed", int(_get(bootstrap, "seed", default=0)))
+        for k in ("alphas", "coverages"):
+            if k in values:
+                values[k] = tuple(float(x) for x in values[k])
+        if "section_modules" in values:
+            values["section_modules"] = tuple(values["section_modules"])
+        if values.get("slice_ids") is not None:
+            values["slice_ids"] = frozenset(values["slice_ids"])
+        return cls(**values)
+
+
+# ------------------------------------------------------------------------------------------ run grouping
+def run_key(p: Predictions) -> str:
+    """Row name of a run: detector name, with ``[ablation]`` for ablated variants."""
+    ab = p.meta.get("ablation")
+    return p.detector if ab in (None, "", "none") else f"{p.detector} [{ab}]"
+
+
+def is_variant(p: Predictions) -> bool:
+    """A SIFT ablation (``meta['ablation']``) or factorial cell (``meta['variant']``): reported in Table 4 /
+    appendix F, not as a detector of Tables 1, 3 and 8."""
+    return p.meta.get("ablation") not in (None, "", "none") or bool(p.meta.get("variant"))
+
+
+def group_by_run(preds: Iterable[Predictions]) -> dict[str, list[Predictions]]:
+    """Runs by :func:`run_key`, seeds ascending (ensembles last); two runs with one seed are an error."""
+    out: dict[str, list[Predictions]] = {}
+    for p in preds:
+        out.setdefault(run_key(p), []).append(p)
+    for k, v in out.items():
+        v.sort(key=lambda p: (p.seed is None, p.seed if p.seed is not None else 0))
+        seen = set()
+        for p in v:
+            if p.seed in seen:
+                raise SiftError(f"detector {k!r}: two runs with seed {p.seed} on split {p.split} "
+                                "(give them distinct names or seeds)")
+            seen.add(p.seed)
+    return out
+
+
+def _ablation(p: Predictions) -> str:
+    ab = p.meta.get("ablation") or "none"
+    return "full" if ab == "none" else str(ab)
+
+
+# ------------------------------------------------------------------------------------------ the table
+@dataclass(frozen=True, eq=False)
+class PredictionTable:
+    """Every trace of every run, aligned in one set of columns (row r = one trace of one run).
+
+    ``run`` indexes :attr:`runs`; ``seed`` is -1 for an ensemble. ``pairs_of(run)`` gives the verified pairs
+    with both traces in that run as rows of this table.
+    """
+
+    runs: tuple[Predictions, ...]
+    run: np.ndarray
+    detector: np.ndarray
+    seed: np.ndarray
+    split: np.ndarray
+    trace_id: np.ndarray
+    item: np.ndarray
+    condition: np.ndarray
+    label: np.ndarray
+    prob: np.ndarray
+    verdict: np.ndarray
+    confidence: np.ndarray
+    pairs: Pairs | None = None
+
+    @classmethod
+    def of(cls, runs: Sequence[Predictions], pairs: Pairs | None = None) -> PredictionTable:
+        runs = tuple(runs)
+
+        def col(f: Any, dtype: Any = None) -> np.ndarray:
+            parts = [np.asarray(f(p)) for p in runs]
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+        return cls(runs, col(lambda p: np.full(len(p), runs.index(p)), np.int64),
+                   col(lambda p: np.full(len(p), run_key(p), dtype=object), object),
+                   col(lambda p: np.full(len(p), -1 if p.seed is None else p.seed), np.int64),
+                   col(lambda p: np.full(len(p), p.split, dtype=object), object),
+                   col(lambda p: p.trace_id, object), col(lambda p: p.base_item, object),
+                   col(lambda p: p.condition, object), col(lambda p: p.label, np.int64),
+                   col(lambda p: p.prob, float), col(lambda p: p.verdict, np.int64),
+                   col(lambda p: p.confidence, float), pairs)
+
+    def __len__(self) -> int:
+        return int(self.run.size)
+
+    def rows(self, *, split: str | None = None, detector: str | None = None) -> np.ndarray:
+        """Row indices of the traces of one split and/or detector (run key)."""
+        keep = np.ones(len(self), dtype=bool)
+        if split is not None:
+            keep &= self.split == split
+        if detector is not None:
+            keep &= self.detector == detector
+        return np.flatnonzero(keep)
+
+    def pairs_of(self, run: int) -> dict[str, np.ndarray]:
+        """The verified pairs with both traces in run ``run``: source/shifted rows of this table, axis, kind,
+        verified labels and base item."""
+        if self.pairs is None or len(self.pairs) == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return {"src": empty, "dst": empty, "axis": empty.astype(object), "kind": empty.astype(object),
+                    "phi_src": empty, "phi_dst": empty, "item": empty.astype(object)}
+        offset = int(np.flatnonzero(self.run == run)[0]) if np.any(self.run == run) else 0
+        src, dst, keep = self.pairs.rows(self.runs[run])
+        return {"src": src[keep] + offset, "dst": dst[keep] + offset, "axis": self.pairs.axis[keep],
+                "kind": self.pairs.kind[keep], "phi_src": self.pairs.phi_source[keep].astype(int),
+                "phi_dst": self.pairs.phi_shifted[keep].astype(int), "item": self.pairs.base_item[keep]}
+
+
+# ------------------------------------------------------------------------------------------ the context
+@dataclass(eq=False)
+class ReportContext:
+    """Everything a report section reads: the options, the verified pairs, the output folder, the aligned
+    prediction table and the runs grouped by role (see :func:`sift.evaluation.run.report_from_predictions`)."""
+
+    predictions: list[Predictions]
+    pairs: Pairs
+    out_dir: Path
+    options: ReportOptions = field(default_factory=ReportOptions)
+
+    @cached_property
+    def table(self) -> PredictionTable:
+        """The aligned per-trace table of every run."""
+        return PredictionTable.of(self.predictions, self.pairs)
+
+    @cached_property
+    def _rest(self) -> list[Predictions]:
+        return [p for p in self.predictions
+                if not ("train_on" in p.meta and "test_on" in p.meta) and "in_dist_of" not in p.meta]
+
+    @cached_property
+    def test(self) -> dict[str, list[Predictions]]:
+        """Runs on the evaluated split (no transfer setting), by run key."""
+        o = self.options
+        return group_by_run(p for p in self._rest if p.split == o.split and "transfer_setting" not in p.meta)
+
+    @cached_property
+    def calib(self) -> dict[str, list[Predictions]] | None:
+        """Runs on the calibration split (they calibrate SGR), or None."""
+        cs = self.options.calib_split
+        return group_by_run(p for p in self._rest if cs is not None and p.split == cs) or None
+
+    @cached_property
+    def select(self) -> dict[str, list[Predictions]] | None:
+        """Runs on the selection split (they freeze the thresholds of ensembles built here), or None."""
+        ss = self.options.select_split
+        return group_by_run(p for p in self._rest if ss is not None and p.split == ss) or None
+
+    @cached_property
+    def transfer(self) -> dict[str, dict[str, list[Predictions]]]:
+        """Transfer setting → run key → runs (split ``transfer`` or a ``meta['transfer_setting']``)."""
+        out: dict[str, dict[str, list[Predictions]]] = {}
+        for p in self._rest:
+            if p.split == "transfer" or "transfer_setting" in p.meta:
+                if p.split == self.options.split and "transfer_setting" not in p.meta:
+                    continue
+                out.setdefault(str(p.meta.get("transfer_setting", "transfer")), {}).setdefault(
+                    run_key(p), []).append(p)
+        return out
+
+    @cached_property
+    def home(self) -> dict[str, dict[str, list[Predictions]]]:
+        """Transfer setting → run key → the transfer runs' own in-distribution test runs (``meta['in_dist_of']``)."""
+        out: dict[str, dict[str, list[Predictions]]] = {}
+        for p in self.predictions:
+            if "in_dist_of" in p.meta:
+                out.setdefault(str(p.meta["in_dist_of"]), {}).setdefault(run_key(p), []).append(p)
+        return out
+
+    @cached_property
+    def primary(self) -> dict[str, list[Predictions]]:
+        """The detector rows of Tables 1, 3 and 8: test runs without ablations/factorial cells (all test runs if
+        every one is a variant), shortcut controls last."""
+        from sift.evaluation.controls import order_rows
+
+        test = self.test
+        return order_rows({k: v for k, v in test.items() if not any(is_variant(p) for p in v)} or test)
+
+    @cached_property
+    def ablations(self) -> dict[str, dict[str, dict[str, list[Predictions]]]]:
+        """Detector with ≥ 2 ablation variants → {"test", "transfer", "calib"} → variant → seed runs."""
+        by_det: dict[str, dict[str, list[Predictions]]] = {}
+        for lst in self.test.values():
+            for p in lst:
+                if p.seed is not None:
+                    by_det.setdefault(p.detector, {}).setdefault(_ablation(p), []).append(p)
+        out = {}
+        for det, variants in by_det.items():
+            if len(variants) < 2:
+                continue
+            tr: dict[str, list[Predictions]] = {}
+            for setting in self.transfer.values():
+                for lst in setting.values():
+                    for p in lst:
+                        if p.detector == det and p.seed is not None:
+                            tr.setdefault(_ablation(p), []).append(p)
+            cal: dict[str, list[Predictions]] | None = None
+            if self.calib:
+                cal = {}
+                for lst in self.calib.values():
+                    for p in lst:
+                        if p.detector == det:
+                            cal.setdefault(_ablation(p), []).append(p)
+            out[det] = {"test": variants, "transfer": tr, "calib": cal}
+        return out
+
+    @cached_property
+    def matrices(self) -> dict[tuple[str, str], dict[tuple[str, str], list[Predictions]]]:
+        """(detector, matrix setting) → (train_on, test_on) → runs of the transfer-matrix cells."""
+        out: dict[tuple[str, str], dict[tuple[str, str], list[Predictions]]] = {}
+        for p in self.predictions:
+            if "train_on" in p.meta and "test_on" in p.meta:
+                k = (p.detector, str(p.meta.get("matrix", "transfer")))
+                out.setdefault(k, {}).setdefault((str(p.meta["train_on"]), str(p.meta["test_on"])), []).append(p)
+        return out

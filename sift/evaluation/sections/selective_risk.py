@@ -1,0 +1,267 @@
+"""Paper Table 3 and Fig. 9: SGR operating points, selective risk by coverage, the coverage-matched
+comparison and risk–coverage curves."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sift.errors import SiftError
+from sift.evaluation.analysis import (
+    NAN,
+    RunData,
+    SelectiveConfig,
+    bootstrap_vector,
+    calibration_source,
+    check_same_split,
+    common_items,
+    fmt,
+    fmt_ci,
+    group_runs,
+    match_calibration,
+    num,
+    preserving_axes,
+    seed_mean,
+)
+from sift.evaluation.controls import with_group_rows
+from sift.evaluation.engine import DEFAULT_COVERAGES, ReportContext
+from sift.evaluation.predictions import Pairs, Predictions
+from sift.evaluation.sections.common import (
+    DEFAULT_SGR,
+    ci_dict,
+    nz,
+    prepare_runs,
+)
+from sift.evaluation.sections.registry import ReportSection, register_section
+from sift.metrics import (
+    UndefinedMetricWarning,
+    benjamini_hochberg,
+    risk_upper_bound,
+    select_top,
+)
+from sift.metrics.invariance import mfs_compute
+from sift.metrics.selective import selection_counts, top_coverage_counts
+from sift.report import Section, markdown_table
+
+
+def _risk_at(rho: np.ndarray, correct: np.ndarray, coverage: float) -> tuple[float, int, int]:
+    if rho.size == 0:
+        return NAN, 0, 0
+    e, n = top_coverage_counts(rho, correct, coverage)
+    return (e / n, e, n) if n else (NAN, 0, 0)
+
+
+def _mfs_at(rd: RunData, prow: np.ndarray, trow: np.ndarray, coverage: float) -> float:
+    """MFS at matched coverage: the ⌈κn⌉ most confident traces are certified; IVR/AS on pairs with both."""
+    if trow.size == 0:
+        return NAN
+    keep = select_top(rd.rho[trow], coverage)
+    certified = np.zeros(len(rd.pred), bool)
+    certified[trow[keep]] = True
+    sel = certified[rd.p_src[prow]] & certified[rd.p_dst[prow]]
+    _, ivr, as_ = rd.pair_rates(prow, sel)
+    return mfs_compute(ivr, as_, coverage)
+
+
+def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | None = None, *,
+                           calib: dict[str, list[Predictions]] | None = None,
+                           selective: SelectiveConfig = DEFAULT_SGR, alphas: Sequence[float] = (0.25, 0.30),
+                           coverages: Sequence[float] = DEFAULT_COVERAGES, match_coverage: float = 0.70,
+                           reference: str | None = None, out_dir: str | Path | None = None,
+                           n_resamples: int = 1000, seed: int = 0, q: float = 0.05, key: str = "selective_risk",
+                           title: str = "Certified selective risk and risk–coverage (Table 3, Fig. 9)") -> Section:
+    """Paper Table 3 (a), App. C.7.1/C.7.3 and Fig. 9, for every detector row (mean over seeds):
+
+    * SGR at each α in ``alphas`` (threshold t*, coverage, empirical risk, bound);
+    * selective risk at fixed coverages (the ⌈κn⌉ most confident traces, ties by position) with its
+      one-sided Clopper–Pearson/normal upper bound at δ split over the coverages (Bonferroni);
+    * risk–coverage curves of all detectors (PNG ``risk_coverage.png`` in ``out_dir``);
+    * the coverage-matched comparison at κ = ``match_coverage``: selective risk and MFS of every detector, and a
+      paired cluster-bootstrap test of R_ref(κ) − R_other(κ) for the ``reference`` detector (default: the first
+      row whose name starts with "sift", else the first) against every other row. p = 2·min(P*(d ≤ 0),
+      P*(d ≥ 0)) over the bootstrap replicates d (percentile bootstrap test, capped at 1), BH-adjusted.
+      The paper smooths curves by monotone regression; here they are shown raw.
+    """
+    check_same_split(runs)
+    rows = group_runs(runs)
+    axes = preserving_axes(pairs)
+    items = common_items([p for lst in rows.values() for p in lst])
+    data = prepare_runs(rows, pairs, axes, items, selective, calib)
+    names = list(data)
+    if reference is None:
+        reference = next((n for n in names if n.lower().startswith("sift")), names[0] if names else None)
+    elif reference not in data:
+        raise SiftError(f"reference detector {reference!r} not among {names}")
+    results: dict[str, Any] = {"alphas": list(alphas), "delta": selective.delta, "bound": selective.bound,
+                               "coverages": list(coverages), "match_coverage": match_coverage,
+                               "reference": reference, "calibration": calibration_source(calib),
+                               "detectors": {}, "comparisons": {}}
+    d_each = selective.delta / max(len(coverages), 1)
+    sgr_rows, cov_rows, match_rows = [], [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        for name, rds in data.items():
+            res: dict[str, Any] = {"sgr": {}, "by_coverage": {}}
+            for a in alphas:
+                per = []
+                for rd in rds:
+                    cal = match_calibration(rd.pred, calib, name) or rd.pred
+                    r = selective.run(cal.confidence, cal.correct, a)
+                    n_sel, e_sel = selection_counts(rd.rho, 1 - rd.correct, np.array([r.threshold]))
+                    cov = float(n_sel[0] / rd.rho.size) if r.feasible else 0.0
+                    risk = float(e_sel[0] / n_sel[0]) if n_sel[0] else NAN
+                    per.append({"seed": rd.pred.seed, "threshold": num(r.threshold), "coverage": num(cov),
+                                "risk": num(risk), "bound": num(r.bound_value), "feasible": r.feasible,
+                                "reason": r.reason})
+                res["sgr"][str(a)] = {"runs": per,
+                                      "coverage": num(seed_mean([x["coverage"] if x["coverage"] is not None
+                                                                  else NAN for x in per])),
+                                      "risk": num(seed_mean([x["risk"] if x["risk"] is not None else NAN
+                                                              for x in per])),
+                                      "bound": num(seed_mean([x["bound"] if x["bound"] is not None else NAN
+                                                               for x in per])),
+                                      "n_feasible": sum(x["feasible"] for x in per)}
+                s = res["sgr"][str(a)]
+                sgr_rows.append([name, a, fmt(s["coverage"] if s["coverage"] is not None else NAN),
+                                 fmt(s["risk"] if s["risk"] is not None else NAN),
+                                 fmt(s["bound"] if s["bound"] is not None else NAN), f"{s['n_feasible']}/{len(per)}"])
+            risks, bounds = [], []
+            for c in coverages:
+                rr, bb = [], []
+                for rd in rds:
+                    r, e, n = _risk_at(rd.rho, rd.correct, c)
+                    rr.append(r)
+                    bb.append(risk_upper_bound(e, n, d_each, selective.bound) if n else NAN)  # type: ignore[arg-type]
+                risks.append(seed_mean(rr))
+                bounds.append(seed_mean(bb))
+                res["by_coverage"][str(c)] = {"risk": num(risks[-1]), "bound": num(bounds[-1])}
+            cov_rows.append([f"{name} risk", *[fmt(r) for r in risks]])
+            cov_rows.append([f"{name} bound", *[fmt(b) for b in bounds]])
+            grid = np.linspace(0.02, 1.0, 50)
+            res["curve"] = {"coverage": grid.tolist(),
+                            "risk": [num(seed_mean([_risk_at(rd.rho, rd.correct, c)[0] for rd in rds])) for c in grid]}
+
+            def vec(drawn, rds=rds):
+                rk, mf = [], []
+                for rd in rds:
+                    trow = rd.trace_index.rows(drawn)
+                    prow = rd.pair_index.rows(drawn)
+                    rk.append(_risk_at(rd.rho[trow], rd.correct[trow], match_coverage)[0])
+                    mf.append(_mfs_at(rd, prow, trow, match_coverage))
+                return np.array([seed_mean(rk), seed_mean(mf)])
+
+            est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
+            res["matched"] = {"risk": ci_dict(est[0], low[0], high[0]), "mfs": ci_dict(est[1], low[1], high[1])}
+            match_rows.append([name, fmt_ci(est[0], low[0], high[0]), fmt_ci(est[1], low[1], high[1])])
+            results["detectors"][name] = res
+        # paired tests against the reference
+        comps, pv = [], []
+        if reference is not None:
+            ref = data[reference]
+            for name in names:
+                if name == reference:
+                    continue
+                other = data[name]
+
+                def diff(drawn, ref=ref, other=other):
+                    def r(rds):
+                        return seed_mean([_risk_at(rd.rho[rd.trace_index.rows(drawn)],
+                                                    rd.correct[rd.trace_index.rows(drawn)], match_coverage)[0]
+                                           for rd in rds])
+                    return np.array([r(ref) - r(other)])
+
+                est, low, high = _paired(diff, len(items), n_resamples, seed)
+                results["comparisons"][name] = {"difference": ci_dict(est["d"], low, high), "p_value": num(est["p"])}
+                comps.append(name)
+                pv.append(est["p"])
+        if pv and not all(math.isnan(p) for p in pv):
+            bh = benjamini_hochberg(pv, q)
+            for n, pa, rj in zip(comps, bh.p_adjusted, bh.reject):
+                results["comparisons"][n].update(p_bh=num(pa), reject_bh=bool(rj))
+    figures = []
+    if out_dir is not None and names:
+        figures.append(_plot_risk_coverage(results, Path(out_dir), selective.alpha if not alphas else alphas[0]))
+    cmp_rows = [[f"{reference} − {n}", fmt_ci(*(v if v is not None else NAN for v in c["difference"].values())),
+                 fmt(c["p_value"] if c["p_value"] is not None else NAN), fmt(nz(c.get("p_bh")))]
+                for n, c in results["comparisons"].items()]
+    md = [f"SGR: δ = {selective.delta}, {selective.bound} bound, δ split over the candidate grid; calibrated "
+          f"{calibration_source(calib)}; mean over seeds.", "",
+          "**SGR operating points**", "",
+          markdown_table(["Detector", "α", "Coverage", "Selective risk", "Bound", "Feasible"],
+                         with_group_rows(sgr_rows)), "",
+          f"**Selective risk by coverage** (top-κ most confident; bound = one-sided {selective.bound} at "
+          f"δ/{len(coverages)})", "",
+          markdown_table(["Detector", *[f"κ={c:g}" for c in coverages]], with_group_rows(cov_rows)), "",
+          f"**Coverage-matched comparison at κ = {match_coverage}** (95 % cluster-bootstrap CI)", "",
+          markdown_table(["Detector", "Selective risk", "MFS"], with_group_rows(match_rows))]
+    if cmp_rows:
+        md += ["", f"Paired cluster-bootstrap test of the risk difference ({n_resamples} resamples, BH q = {q}):", "",
+               markdown_table(["Difference", "Estimate [95% CI]", "p", "p (BH)"], cmp_rows)]
+    return Section(key, title, "\n".join(md), figures=figures, results=results)
+
+
+def _paired(fn, n_items: int, n_resamples: int, seed: int) -> tuple[dict[str, float], float, float]:
+    """Bootstrap of a scalar difference: estimate, percentile CI and the two-sided bootstrap p-value."""
+    from sift.metrics.bootstrap import bootstrap_p_value, cluster_bootstrap
+
+    est = float(fn(None)[0])
+    if n_resamples <= 0 or n_items == 0 or math.isnan(est):
+        return {"d": est, "p": NAN}, NAN, NAN
+    res = cluster_bootstrap(lambda idx: float(fn(idx)[0]), np.arange(n_items), n_resamples, seed,
+                            keep_replicates=True)
+    p = bootstrap_p_value(res.replicates)
+    if math.isnan(p):
+        return {"d": est, "p": NAN}, NAN, NAN
+    return {"d": est, "p": p}, res.low, res.high
+
+
+def _plot_risk_coverage(results: dict[str, Any], out_dir: Path, alpha: float) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    markers = "osD^vP*Xh<>"
+    for i, (name, res) in enumerate(results["detectors"].items()):
+        c = res["curve"]
+        y = [v if v is not None else np.nan for v in c["risk"]]
+        line, = ax.plot(c["coverage"], y, marker=markers[i % len(markers)], markevery=7, ms=4, label=name)
+        op = res["sgr"].get(str(alpha))
+        if op and op["coverage"] and op["risk"] is not None:
+            ax.plot([op["coverage"]], [op["risk"]], marker="*", ms=12, color=line.get_color(), mec="k")
+    ax.axhline(alpha, ls="--", color="grey", lw=1, label=f"α = {alpha}")
+    ax.axvline(results["match_coverage"], ls=":", color="grey", lw=1)
+    ax.set_xlabel("coverage κ")
+    ax.set_ylabel("selective risk")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title("Risk–coverage (★ = SGR operating point)")
+    fig.tight_layout()
+    path = out_dir / "risk_coverage.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path.name
+
+
+@register_section
+class SelectiveRisk(ReportSection):
+    """Table 3 / Fig. 9 of the detectors; the reference row is ``options.reference`` when it is a row."""
+
+    name = "selective_risk"
+    order = 30
+
+    def build(self, ctx: ReportContext) -> list[Section]:
+        o = ctx.options
+        reference = o.reference if o.reference in group_runs(ctx.primary) else None
+        return [selective_risk_section(ctx.primary, ctx.pairs, calib=ctx.calib, selective=o.selective,
+                                       alphas=o.alphas, coverages=o.coverages, match_coverage=o.match_coverage,
+                                       reference=reference, out_dir=ctx.out_dir, n_resamples=o.n_resamples,
+                                       seed=o.seed)]
