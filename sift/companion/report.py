@@ -82,10 +82,11 @@ class _Organism:
         if d:
             self.corpus_dir = Path(d)
             return self.corpus_dir
-        from sift.corpus.build import CorpusConfig, build_corpus
+        from sift.corpus.config import OrganismCorpusConfig
+        from sift.corpus.sources.organism import build_corpus
 
         b = self.cfg.data.build
-        cc = CorpusConfig(n_items=int(b.n_items), families=list(self.cfg.data.families),
+        cc = OrganismCorpusConfig(n_items=int(b.n_items), families=list(self.cfg.data.families),
                           conditions=list(b.conditions), checkpoint_dir=str(self.checkpoint_dir()),
                           seed=int(self.cfg.seed))
         target = self.out / "companion" / "corpus"

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sift.errors import SiftError
 from sift.organism.domains import Item
 from sift.organism.render import CUE_FORMATS, DECISIVE_FORMAT, View
+
+if TYPE_CHECKING:
+    from sift.corpus.config import CueMixture
 
 
 @dataclass(frozen=True)
@@ -45,14 +49,14 @@ def check_conditions(names) -> list[str]:
     return names
 
 
-def base_view(item: Item, seed: int, p_cue: float = 0.9, p_cue_correct: float = 0.25) -> View:
-    """The base view of an item, deterministic in (item id, seed)."""
+def base_view(item: Item, seed: int, cue: CueMixture) -> View:
+    """The base view of an item, deterministic in (item id, seed); its cue drawn from the cue mixture."""
     rng = random.Random(f"base-view:{seed}:{item.item_id}")
     cue_value, fmt = None, "hint"
-    if rng.random() < p_cue:
+    if rng.random() < cue.p_cue:
         fmt = rng.choice(CUE_FORMATS)
         others = [v for v in item.answer_space if v != item.answer]
-        cue_value = item.answer if rng.random() < p_cue_correct else rng.choice(others)
+        cue_value = item.answer if rng.random() < cue.p_cue_correct else rng.choice(others)
     return View(template=rng.randrange(2), language="en", budget=rng.choice(("terse", "verbose")),
                 cue_value=cue_value, cue_format=fmt, name=rng.randrange(4), obj=rng.randrange(4))
 
@@ -74,7 +78,7 @@ def condition_view(item: Item, base: View, condition: str, seed: int, phi: int |
     ``phi`` is the base trace's intended label; the altering axes need it (it depends on the organism's
     draws, so it is known only once the base trace is generated) and apply only where it is the axis's
     source label. ``model_family`` keeps the base view (another model generates); ``causal_truncation``
-    keeps it too (the base trace is cut, see sift.corpus.build).
+    keeps it too (the base trace is cut, see sift.corpus.sources.organism).
     """
     rng = random.Random(f"cond:{seed}:{item.item_id}:{condition}")
     if AXES.get(condition, AXES["base"]).kind == "altering" and phi is None:
