@@ -140,7 +140,7 @@ def _condition_feature(cond: str | None) -> str:
 
 def surface_features(record: Mapping[str, Any]) -> dict[str, float | str]:
     """The structured text features of one trace record (see the module docstring)."""
-    from sift.trajectories.features import HINT_RE
+    from sift.corpus.cue_words import HINT_RE
 
     prompt, cot = str(record.get("prompt") or ""), str(record.get("cot") or "")
     pw, cw = prompt.split(), cot.split()
@@ -404,12 +404,12 @@ def audit_table(audit: Mapping[str, Any]) -> str:
 
 def prompt_states_for(sources: Mapping[str, Any], records: Sequence[Mapping[str, Any]], field: str = "family",
                       batch_size: int = 256) -> tuple[dict[str, np.ndarray] | None, str | None]:
-    """Prompt-final hidden states (:func:`sift.trajectories.extract.prompt_final_states`) of every record, from
+    """Prompt-final hidden states (:func:`sift.lm.states.prompt_final_states`) of every record, from
     the source model that generated it (``sources``: ``record[field]`` → an object with ``.model`` and
     ``.tokenizer``). Returns (trace id → state, None), or (None, reason) when a record's model is not loaded."""
     import torch
 
-    from sift.trajectories.extract import prompt_final_states
+    from sift.lm.states import prompt_final_states
 
     by: dict[str, list[Mapping[str, Any]]] = {}
     for r in records:

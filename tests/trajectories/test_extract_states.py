@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from sift.errors import SiftError
-from sift.trajectories.extract import ExtractConfig, Extractor, capture_attention, find_blocks, model_inputs, pack
+from sift.lm.states import capture_attention, find_blocks, model_inputs, pack
+from sift.trajectories.extract import ExtractConfig, Extractor
 from sift.trajectories.toy import toy_model, toy_records, toy_tokenizer
 
 
