@@ -2,8 +2,10 @@
 
 * :func:`find_blocks` locates the block list of any HF decoder; :func:`model_dims` its layers, width, vocabulary.
 * :func:`pack` pads token-id lists into one batch; :func:`model_inputs` adds mask-following position ids.
-* :func:`capture_attention` captures the head-averaged attention weights of chosen layers inside an ordinary
-  forward call; :func:`prompt_final_states` reads block L's output at the last prompt token.
+* :func:`capture` records block outputs (forward hooks) and attention weights (a registered attention
+  implementation wrapping the model's own, through transformers' public ``AttentionInterface``) inside an
+  ordinary forward call: the one way sift reads a model's internals (extraction, ICE attributions, the
+  organism's training scaffold); :func:`prompt_final_states` reads block L's output at the last prompt token.
 """
 
 from __future__ import annotations
@@ -42,19 +44,30 @@ def model_dims(model) -> dict[str, int]:
             "vocab_size": int(emb.num_embeddings)}
 
 
-# ---------------------------------------------------------------------------------------------- attention capture
+# ------------------------------------------------------------------------------------------------------ capture
 
 @dataclass
-class _Capture:
-    targets: dict[int, int]  # id(attention submodule) -> layer index
-    q_start: int = 0  # only queries from this position on are needed
-    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, S − q_start, S] head-averaged
+class Capture:
+    """What one forward call recorded: ``states[i]`` block i's output ``[B, S, d]`` (before any final norm),
+    ``attention[i]`` block i's attention weights of the queries ``q_start:``, ``[B, S − q_start, S]`` averaged
+    over heads (``[B, H, S − q_start, S]`` with ``heads="all"``)."""
+
+    blocks: set[int]
+    targets: dict[int, int]  # id(attention submodule) -> block index
+    q_start: int = 0
+    heads: str = "mean"
+    states: dict[int, torch.Tensor] = field(default_factory=dict)
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
-_ACTIVE: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("sift_attention_capture", default=None)
+_ACTIVE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("sift_capture", default=None)
+
+#: the prefix of the attention implementations sift registers (one per wrapped implementation)
+CAPTURE_PREFIX = "sift_capture:"
 
 
 def _module_eager(module):
+    """The eager attention formula of the module's own modeling file (a generic one if it has none)."""
     fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
     return fn if fn is not None else _generic_eager
 
@@ -92,10 +105,16 @@ def _rows(mask: torch.Tensor | None, qs: int) -> torch.Tensor | None:
     return mask[:, :, qs:] if mask is not None and mask.ndim == 4 and mask.shape[-2] > 1 else mask
 
 
-def _wrap(original, impl: str):
+def _capturing(impl: str):
+    """An attention function that runs ``impl`` (the model's own kernel: its output is unchanged) and, for the
+    layers the active :class:`Capture` asks for, records the attention weights: those eager returns, or for
+    another kernel the weights of the needed queries recomputed with the model's own eager formula."""
+    from transformers import AttentionInterface
+
+    base = AttentionInterface().get(impl) if impl != "eager" else None
+
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
-        base = original if original is not None else _module_eager(module)
-        out = base(module, query, key, value, attention_mask, *args, **kwargs)
+        out = (base or _module_eager(module))(module, query, key, value, attention_mask, *args, **kwargs)
         cap = _ACTIVE.get()
         if cap is None or id(module) not in cap.targets:
             return out
@@ -103,41 +122,70 @@ def _wrap(original, impl: str):
         w = out[1] if impl == "eager" and isinstance(out, tuple) and out[1] is not None else None
         if w is not None:
             w = w[:, :, qs:]
-        else:  # recompute the weights of the needed queries only, with the model's own eager formula
-            kw = {k: v for k, v in kwargs.items() if k not in ("is_causal",)}
+        else:
+            kw = {k: v for k, v in kwargs.items() if k != "is_causal"}
             q = query[:, :, qs:]
             _, w = _module_eager(module)(module, q, key, value, _additive_mask(_rows(attention_mask, qs), q, key),
                                          *args, **kw)
-        cap.weights[cap.targets[id(module)]] = w.float().mean(1)
+        cap.attention[cap.targets[id(module)]] = w.float().mean(1) if cap.heads == "mean" else w.float()
         return out
 
-    attention._sift_wrapper = True  # type: ignore[attr-defined]
     return attention
 
 
-@contextlib.contextmanager
-def capture_attention(model, layers: Sequence[int], q_start: int = 0) -> Iterator[_Capture]:
-    """Capture head-averaged attention weights of ``layers`` (0-based block indices) during one forward call,
-    for the queries at positions ≥ ``q_start`` (``weights[layer]`` is ``[B, S − q_start, S]``)."""
-    from transformers.modeling_utils import AttentionInterface
+def _capture_implementation(impl: str) -> str | None:
+    """The name of the registered capturing twin of attention implementation ``impl`` (registered here on first
+    use with transformers' public ``AttentionInterface`` / ``AttentionMaskInterface``); None when ``impl`` has no
+    mask function to share."""
+    from transformers import AttentionInterface, AttentionMaskInterface
 
-    blocks = find_blocks(model)
-    cap = _Capture({id(m): i for i in layers for m in blocks[i].modules()}, q_start=q_start)
-    impl = getattr(text_config(model), "_attn_implementation", None) or "eager"
-    mapping = AttentionInterface._global_mapping
-    had = impl in mapping
-    original = mapping.get(impl)
-    if not getattr(original, "_sift_wrapper", False):
-        mapping[impl] = _wrap(original, impl)
+    masks = AttentionMaskInterface()
+    if impl not in masks:
+        return None
+    name = CAPTURE_PREFIX + impl
+    if name not in AttentionInterface():
+        AttentionInterface.register(name, _capturing(impl))
+        AttentionMaskInterface.register(name, masks[impl])
+    return name
+
+
+@contextlib.contextmanager
+def capture(model, blocks: Sequence[int] = (), attention: Sequence[int] = (), q_start: int = 0,
+            heads: str = "mean") -> Iterator[Capture]:
+    """Record block outputs (forward hooks on ``blocks``, 0-based) and attention weights (of ``attention``, for
+    the queries at positions ≥ ``q_start``) during the forward calls inside the ``with``.
+
+    Attention is captured through a registered attention implementation that wraps the model's own one (the
+    model's outputs are bit-identical); the model is switched to it with ``set_attn_implementation`` for the
+    duration. A model whose attention bypasses transformers' ``AttentionInterface`` records no weights
+    (``attention`` stays empty): the caller then runs it eagerly with ``output_attentions=True``."""
+    if heads not in ("mean", "all"):
+        raise SiftError(f"heads must be 'mean' or 'all', got {heads!r}")
+    mods = find_blocks(model)
+    cap = Capture(set(blocks), {id(m): i for i in attention for m in mods[i].modules()}, q_start, heads)
+
+    def hook(i: int):
+        def record(_m, _inp, out):
+            cap.states[i] = out[0] if isinstance(out, (tuple, list)) else out
+
+        return record
+
+    handles = [mods[i].register_forward_hook(hook(i)) for i in cap.blocks]
+    prev = getattr(text_config(model), "_attn_implementation", None) or "eager"
+    switch = None
+    if attention and not prev.startswith(CAPTURE_PREFIX) and hasattr(model, "set_attn_implementation"):
+        switch = _capture_implementation(prev)
     token = _ACTIVE.set(cap)
     try:
+        if switch is not None:
+            model.set_attn_implementation(switch)
         yield cap
     finally:
         _ACTIVE.reset(token)
-        if had:
-            mapping[impl] = original
-        else:
-            mapping.pop(impl, None)
+        if switch is not None:
+            model.set_attn_implementation(prev)
+        for h in handles:
+            h.remove()
 
 
 # -------------------------------------------------------------------------------------------------- batch packing
@@ -186,27 +234,20 @@ def forward_params(model) -> set[str]:
 @torch.no_grad()
 def prompt_final_states(model, prompts: Sequence[Sequence[int]], pad_id: int = 0, batch_size: int = 256,
                         padding_side: str = "left") -> torch.Tensor:
-    """Block L's output (pre final norm, as in :meth:`Extractor.extract`) at the last token of each prompt:
-    ``[N, d]`` float32, in input order. One forward pass over the prompts only (causal attention makes it
-    equal to the state inside the full trace)."""
-    blocks = find_blocks(model)
+    """Block L's output (pre final norm) at the last token of each prompt: ``[N, d]`` float32, in input order.
+    One forward pass over the prompts only (causal attention makes it equal to the state inside the full
+    trace)."""
+    last = len(find_blocks(model)) - 1
     device = next(model.parameters()).device
     out = torch.zeros(len(prompts), model_dims(model)["hidden_size"])
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     for s in range(0, len(order), batch_size):
         idx = order[s:s + batch_size]
         p = pack([prompts[i] for i in idx], pad_id, padding_side)
-        last: dict[str, torch.Tensor] = {}
-
-        def hook(_m, _inp, o, last=last):
-            last["h"] = o[0] if isinstance(o, (tuple, list)) else o
-
-        h = blocks[-1].register_forward_hook(hook)
-        try:
+        with capture(model, blocks=[last]) as cap:
             model(**model_inputs(model, p, device))
-        finally:
-            h.remove()
+        h = cap.states[last]
         lens = torch.tensor([len(prompts[i]) for i in idx])
-        pos = (p.offset + lens - 1).clamp_min(0).to(last["h"].device)
-        out[torch.tensor(idx)] = last["h"][torch.arange(len(idx), device=pos.device), pos].float().cpu()
+        pos = (p.offset + lens - 1).clamp_min(0).to(h.device)
+        out[torch.tensor(idx)] = h[torch.arange(len(idx), device=pos.device), pos].float().cpu()
     return out

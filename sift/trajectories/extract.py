@@ -2,15 +2,13 @@
 
 What is read from the pass (DESIGN.md §5):
 
-* ``H[ℓ]`` for ℓ = 1..L at the CoT tokens: block outputs. ``hidden_states[1:L]`` of HF's
-  ``output_hidden_states=True`` are the outputs of blocks 1..L−1, but HF's last element has the final norm
-  applied (GPT-2 ``ln_f``, Llama ``norm``), so block L's own output is taken with a forward hook on the last
-  block (pre-norm). :func:`find_blocks` locates the block list of any HF decoder.
-* the head-averaged attention of one layer (default: the last) of each CoT token over the prompt positions.
-  It is captured inside the same pass: the model's attention function is wrapped for the duration of the
-  call; the model keeps its own kernel (sdpa, flash …) for its output, and for the captured layer only the
-  weights are recomputed with the model's own eager formula. Models whose attention does not go through
-  transformers' ``AttentionInterface`` fall back to eager ``output_attentions=True``.
+* ``H[ℓ]`` for ℓ = 1..L at the CoT tokens: block outputs, read with forward hooks on the blocks (before the
+  final norm that HF applies to its last ``hidden_states`` element).
+* the head-averaged attention of one layer (default: the last) of each CoT token over the prompt positions,
+  captured inside the same pass by a registered attention implementation that wraps the model's own kernel
+  (sdpa, flash …: the outputs are unchanged) and recomputes the captured layer's weights with the model's own
+  eager formula. Models whose attention does not go through transformers' ``AttentionInterface`` fall back to
+  eager ``output_attentions=True``. Both are :func:`sift.lm.states.capture`.
 * the log-probability of the answer token (its logits only: ``logits_to_keep`` when the model supports it).
 
 Batches are padded on the left (default) or right; position ids follow the attention mask, so padded and
@@ -28,8 +26,7 @@ import torch
 from sift.errors import SiftError
 from sift.lm.states import (
     Packed,
-    capture_attention,
-    find_blocks,
+    capture,
     forward_params,
     model_dims,
     model_inputs,
@@ -141,7 +138,6 @@ class Extractor:
         if pad_id is None:
             pad_id = getattr(tokenizer, "pad_token_id", None)
         self.pad_id = 0 if pad_id is None else int(pad_id)
-        self.blocks = find_blocks(model)
         layer = cfg.attention_layer
         self.attn_layer = (layer - 1) if layer > 0 else self.L + layer  # 0-based block index
         if not 0 <= self.attn_layer < self.L:
@@ -155,37 +151,30 @@ class Extractor:
         return next(self.model.parameters()).device
 
     def _forward(self, p: Packed, logits_positions: torch.Tensor | None, q_start: int = 0):
-        """Run the model once; returns (hidden_states, last block output, attention [B, S−q_start, S], logits)."""
-        last: dict[str, torch.Tensor] = {}
-
-        def hook(_m, _inp, out):
-            last["h"] = out[0] if isinstance(out, (tuple, list)) else out
-
+        """Run the model once; returns (the outputs of blocks 1..L, attention [B, S−q_start, S], logits), all
+        read by :func:`sift.lm.states.capture`."""
         kw = model_inputs(self.model, p, self.device)
-        kw["output_hidden_states"] = True
         if logits_positions is not None and "logits_to_keep" in forward_params(self.model):
             kw["logits_to_keep"] = logits_positions.to(self.device)
-        handle = self.blocks[-1].register_forward_hook(hook)
-        try:
-            if self.use_interface:
-                with capture_attention(self.model, [self.attn_layer], q_start) as cap:
-                    out = self.model(**kw)
-                attn = cap.weights.get(self.attn_layer)
-                if attn is None:  # the model bypasses AttentionInterface: fall back to eager attentions
-                    self.use_interface = False
-                    return self._forward(p, logits_positions, q_start)
-            else:
-                if getattr(text_config(self.model), "_attn_implementation", "eager") != "eager":
-                    self.model.set_attn_implementation("eager")
+        blocks = range(self.L)
+        if self.use_interface:
+            with capture(self.model, blocks=blocks, attention=[self.attn_layer], q_start=q_start) as cap:
+                out = self.model(**kw)
+            attn = cap.attention.get(self.attn_layer)
+            if attn is None:  # the model bypasses AttentionInterface: fall back to eager attentions
+                self.use_interface = False
+                return self._forward(p, logits_positions, q_start)
+        else:
+            if getattr(text_config(self.model), "_attn_implementation", "eager") != "eager":
+                self.model.set_attn_implementation("eager")
+            with capture(self.model, blocks=blocks) as cap:
                 out = self.model(**kw, output_attentions=True)
-                attn = out.attentions[self.attn_layer][:, :, q_start:].float().mean(1)
-        finally:
-            handle.remove()
+            attn = out.attentions[self.attn_layer][:, :, q_start:].float().mean(1)
         if "logits_to_keep" not in kw and logits_positions is not None:
             logits = out.logits[:, logits_positions.to(out.logits.device)]
         else:
             logits = out.logits
-        return out.hidden_states, last["h"], attn, logits
+        return [cap.states[i] for i in blocks], attn, logits
 
     @torch.no_grad()
     def extract(self, records: Sequence[dict]) -> dict[str, Any]:
@@ -218,12 +207,12 @@ class Extractor:
         last_tok = p.offset + torch.tensor([len(s) for s in seqs]) - 1  # always a real token
         pos = torch.where(valid, (p.offset + P + c0)[:, None] + t, last_tok[:, None])  # [B, Tm] CoT positions
         q_start = int(pos.min())
-        hs, h_last, attn, logits = self._forward(p, uniq, q_start)
+        layers, attn, logits = self._forward(p, uniq, q_start)
+        h_last = layers[-1]
 
         dev = h_last.device
         pos = pos.to(dev)
         rows = torch.arange(B, device=dev)[:, None]
-        layers = list(hs[1:self.L]) + [h_last]
         H = torch.stack([h[rows, pos].float() for h in layers], dim=1)  # [B, L, Tm, d]
         valid_d = valid.to(dev)
         if not torch.isfinite(H.sum()):  # cheap test first; then find the trace
