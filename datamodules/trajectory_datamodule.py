@@ -49,7 +49,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from datamodules.batch import EpochShuffleSampler, PairIndex, TraceBatch, TraceExample, collate, loader_generator
 from sift.corpus import audit as A
-from sift.corpus.conditions import AXES
+from sift.corpus.axes import AXES
 from sift.corpus.store import iter_jsonl
 from sift.errors import SiftError
 from sift.provenance import file_sha256

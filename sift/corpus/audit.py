@@ -89,7 +89,7 @@ def matched_slice(record: Mapping[str, Any]) -> bool:
     """True when the prompt carries a cue that differs from the gold answer and the answer equals the cue, on
     a base or preserving trace. Altering traces are left out: their construction edits the text to set the
     label (a decisive cue, the ``explain`` header, a cut CoT), so there the text does not look alike."""
-    from sift.corpus.conditions import AXES
+    from sift.corpus.axes import AXES
 
     axis = AXES.get(str(record.get("condition")))
     if axis is not None and axis.kind == "altering":
@@ -132,7 +132,7 @@ def _numbers(words: Sequence[str]) -> list[int]:
 
 
 def _condition_feature(cond: str | None) -> str:
-    from sift.corpus.conditions import AXES
+    from sift.corpus.axes import AXES
 
     c = str(cond or "base")
     return "base" if c in AXES and AXES[c].kind == "altering" else c
@@ -305,7 +305,7 @@ def control_audit(records: Sequence[Mapping[str, Any]], prompt_states: Mapping[s
     ``prompt_states`` maps trace ids to prompt-final hidden states; without them ``prompt_probe`` is null with
     ``prompt_states_reason``. Limits: :data:`LIMIT_BASE_PRESERVING`, :data:`LIMIT_MATCHED_SLICE`.
     """
-    from sift.corpus.conditions import AXES
+    from sift.corpus.axes import AXES
 
     rows = [r for r in records if r.get("phi") is not None]
     y = np.array([int(r["phi"]) for r in rows])

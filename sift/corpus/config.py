@@ -16,7 +16,7 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
-from sift.corpus.conditions import AXES, check_conditions
+from sift.corpus.axes import AXES, check_conditions
 from sift.errors import SiftError
 from sift.lm.items import FORMATS
 from sift.organism import DEFAULT_CHECKPOINTS

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sift.corpus.conditions import AXES
+from sift.corpus.axes import AXES
 
 
 def build_pairs(records: list[dict], families: Sequence[str], conditions: Sequence[str]) -> list[dict]:
@@ -35,13 +35,6 @@ def pair_record(src: dict, dst: dict, axis: str) -> dict:
     """The pair of a source and a shifted trace on ``axis``: verified when the labels do what the axis says."""
     ax = AXES[axis]
     a, b = src["phi"], dst["phi"]
-    if a is None or b is None:
-        verified, why = False, f"{'source' if a is None else 'shifted'} trace ambiguous"
-    elif ax.kind == "preserving":
-        verified, why = a == b, "kept" if a == b else "label flipped"
-    else:
-        want = ax.direction
-        verified = (a, b) == want
-        why = "kept" if verified else ("source label not the axis's source" if a != want[0] else "label did not flip")
+    verified, why = ax.verify(a, b)
     return {"axis": axis, "kind": ax.kind, "base_item": src["base_item"], "source": src["trace_id"],
             "shifted": dst["trace_id"], "phi_source": a, "phi_shifted": b, "verified": verified, "reason": why}

@@ -12,7 +12,6 @@ from functools import lru_cache
 from pathlib import Path
 
 
-
 @lru_cache(maxsize=1)
 def toy_tokenizer():
     """The organism tokenizer over a vocabulary found from 3,000 sampled examples."""
@@ -47,14 +46,22 @@ def save_toy_models(root: str | Path, families=("gpt2", "llama"), seed: int = 0,
 
 def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, conditions=None) -> list[dict]:
     """Trace records for ``n_items`` base items × conditions × families (rendered target CoTs)."""
-    from sift.corpus.sources.organism import GENERATED
+    from sift.corpus.axes import generated_axes
     from sift.corpus.conditions import base_view, condition_view
     from sift.corpus.config import CueMixture
     from sift.organism.domains import DOMAINS, make_item
-    from sift.organism.render import FILLERS, Choices, fallback_answer, intended_phi, join_cot, render_prompt, target_cot
+    from sift.organism.render import (
+        FILLERS,
+        Choices,
+        fallback_answer,
+        intended_phi,
+        join_cot,
+        render_prompt,
+        target_cot,
+    )
 
     tok = toy_tokenizer()
-    conds = list(conditions) if conditions is not None else list(GENERATED) + ["causal_truncation"]
+    conds = list(conditions) if conditions is not None else generated_axes() + ["causal_truncation"]
     ids = tok.convert_tokens_to_ids
     rng = random.Random(seed)
     records = []
@@ -97,7 +104,7 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
 
 def write_toy_corpus(out_dir: str | Path, n_items: int = 8, families=("gpt2", "llama"), seed: int = 0) -> Path:
     """Write traces.jsonl, pairs.jsonl and manifest.json of a toy corpus; returns ``out_dir``."""
-    from sift.corpus.conditions import AXES
+    from sift.corpus.axes import AXES
     from sift.corpus.pairs import build_pairs
     from sift.corpus.store import write_corpus
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from sift.corpus.conditions import AXES, base_view, check_conditions, condition_view
+from sift.corpus.axes import AXES, check_conditions
+from sift.corpus.conditions import base_view, condition_view
 from sift.corpus.config import CueMixture
 from sift.corpus.verify import phi_from_tests
 from sift.errors import SiftError

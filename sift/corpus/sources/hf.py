@@ -43,7 +43,7 @@ from omegaconf import DictConfig
 from tqdm import tqdm
 
 from sift import __version__
-from sift.corpus.conditions import AXES
+from sift.corpus.axes import AXES, generated_axes
 from sift.corpus.config import HFCorpusConfig
 from sift.corpus.manifest import build_manifest
 from sift.corpus.pairs import build_pairs
@@ -56,11 +56,6 @@ from sift.lm.parsing import answer_line_start, last_value_span, normalize_number
 from sift.lm.prompts import ANSWER_PREFIX, BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, TEMPLATES, LMView, mentions_cue
 from sift.lm.prompts import prompt_ids as render_prompt_ids
 from sift.provenance import config_hash, model_fingerprint
-
-NOT_APPLICABLE = ("step_reordering", "language")  # no generic realisation for free-form items
-PHASE1 = ("base", "paraphrase", "hint_format", "budget")
-PHASE2 = ("cue_injection", "cue_verbalization", "causal_truncation")
-
 
 # ------------------------------------------------------------------------------------------------- model side
 
@@ -208,19 +203,20 @@ def base_view(item: LMItem, cfg: HFCorpusConfig) -> LMView:
     return view
 
 
+def phase1_conditions() -> list[str]:
+    """The base and preserving axes a real LM generates: those that render an LM view."""
+    return [c for c in generated_axes(("base", "preserving")) if AXES[c].applies_to_lm()]
+
+
+def not_applicable() -> list[str]:
+    """Generated preserving axes with no realisation on free-form items (listed in the manifest, 0 pairs)."""
+    return [c for c in generated_axes(("preserving",)) if not AXES[c].applies_to_lm()]
+
+
 def phase1_view(item: LMItem, base: LMView, condition: str, seed: int) -> LMView | None:
+    """The view of a base or preserving condition (:meth:`sift.corpus.axes.Axis.lm_view`)."""
     rng = random.Random(f"real-cond:{seed}:{item.item_id}:{condition}")
-    if condition == "base":
-        return base
-    if condition == "paraphrase":
-        return base.with_(template=rng.choice([t for t in range(len(TEMPLATES)) if t != base.template]))
-    if condition == "hint_format":
-        if base.cue_value is None:
-            return None
-        return base.with_(cue_format=rng.choice([f for f in CUE_FORMATS if f != base.cue_format]))
-    if condition == "budget":
-        return base.with_(budget="verbose" if base.budget == "terse" else "terse")
-    raise SiftError(f"not a generated condition: {condition!r}")
+    return AXES[condition].lm_view(item, base, rng)
 
 
 def truncation_cut(src: LMSource, record: dict) -> list[int] | None:
@@ -308,7 +304,7 @@ def build_chunk_for(src: LMSource, items: list[LMItem], cfg: HFCorpusConfig, cha
     bases = {it.item_id: base_view(it, cfg) for it in items}
     jobs = []
     for it in items:
-        for cond in PHASE1:
+        for cond in phase1_conditions():
             if cond in conditions:
                 v = phase1_view(it, bases[it.item_id], cond, cfg.seed)
                 if v is not None:
@@ -452,7 +448,7 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
     manifest["models"] = dict(zip(labels, cfg.models))
     manifest["items"] = {"source": cfg.items, "task": cfg.task if cfg.items == "reasoning_gym" else None,
                          "path": cfg.path, "n": len(items)}
-    manifest["not_applicable"] = [c for c in NOT_APPLICABLE if c in cfg.conditions]
+    manifest["not_applicable"] = [c for c in not_applicable() if c in cfg.conditions]
     for c in manifest["not_applicable"]:
         manifest["axes"][c]["not_applicable"] = True
     write_corpus(out_dir, records, pairs, manifest)

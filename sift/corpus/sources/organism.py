@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from sift import __version__
+from sift.corpus.axes import generated_axes
 from sift.corpus.conditions import base_view, condition_view
 from sift.corpus.config import OrganismCorpusConfig
 from sift.corpus.manifest import build_manifest
@@ -29,10 +30,6 @@ from sift.organism.source import HINT_WORDS, OrganismSource, last_value_index, s
 from sift.provenance import config_hash, model_fingerprint
 
 PIPELINE_VERSION = 3  # bump when generation or verification changes, so stale chunks are not reused
-# generated from the prompt in two phases: the altering views depend on the base trace's draws
-PRESERVING_GENERATED = ("base", "paraphrase", "step_reordering", "hint_format", "language", "budget")
-ALTERING_GENERATED = ("cue_injection", "cue_verbalization")
-GENERATED = PRESERVING_GENERATED + ALTERING_GENERATED
 
 
 def corpus_items(cfg: OrganismCorpusConfig) -> list[Item]:
@@ -146,7 +143,7 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Orga
         jobs = []  # (item, view, condition)
         bases = {it.item_id: base_view(it, cfg.seed, cfg.cue) for it in items}
         for it in items:
-            for cond in PRESERVING_GENERATED:
+            for cond in generated_axes(("base", "preserving")):
                 v = condition_view(it, bases[it.item_id], cond, cfg.seed) if cond in cfg.conditions else None
                 if v is not None:
                     jobs.append((it, v, cond))
@@ -158,7 +155,7 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Orga
             if it.item_id not in base_out:
                 continue
             phi = base_out[it.item_id][0]["intended_phi"]
-            for cond in ALTERING_GENERATED:
+            for cond in generated_axes(("altering",)):
                 v = condition_view(it, bases[it.item_id], cond, cfg.seed, phi) if cond in cfg.conditions else None
                 if v is not None:
                     alter.append((it, v, cond))
