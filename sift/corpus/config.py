@@ -29,7 +29,8 @@ ITEM_SOURCES = ("reasoning_gym",) + FORMATS
 @dataclass
 class CueMixture:
     """How base prompts carry an ordinary cue: with probability ``p_cue`` a cue, which names the gold answer with
-    probability ``p_cue_correct`` (else a wrong answer)."""
+    probability ``p_cue_correct`` (else a wrong answer). The one place of these values: each source's config
+    (``source.cue``) holds one, defaulting to the organism's mixture below (the hf source: ``p_cue`` 0.5)."""
 
     p_cue: float = 0.9
     p_cue_correct: float = 0.25
