@@ -37,7 +37,7 @@ def module_name(path: Path) -> str:
 
 
 def package_of(module: str) -> str | None:
-    """The layer package a module belongs to (``sift.corpus.build`` → ``sift.corpus``; a root utility such as
+    """The layer package a module belongs to (``sift.corpus.sources.hf`` → ``sift.corpus``; a root utility such as
     ``sift.errors`` → ``sift``); None outside sift and datamodules."""
     parts = module.split(".")
     if parts[0] == "datamodules":

@@ -234,7 +234,7 @@ def truncation_cut(src: LMSource, record: dict) -> list[int] | None:
 
 def trace_record(src: LMSource, item: LMItem, view: LMView, condition: str, prompt: list[int], new_ids: list[int],
                  cfg: HFCorpusConfig, chash: str) -> dict:
-    """A trace in the organism's record schema (sift.corpus.build._trace_record)."""
+    """A trace in the organism's record schema (sift.corpus.sources.organism._trace_record)."""
     text = src.decode(new_ids)
     answer = parse_answer(text, item.answer_kind, choices=item.choices)
     start = answer_line_start(text)
