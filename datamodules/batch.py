@@ -10,8 +10,8 @@ Channel naming convention: ``velocity/l{ℓ}`` (ℓ = 1..L−1), ``drift/l{ℓ}`
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -50,7 +50,7 @@ class TraceBatch:
     prompt_pooled: torch.Tensor | None = None  # [B, d] prompt-final states (None: the DataModule has none)
     text: list[str] = field(default_factory=list)  # prompt + CoT text per trace (empty: the DataModule has none)
 
-    def to(self, device) -> "TraceBatch":
+    def to(self, device) -> TraceBatch:
         t = {k: getattr(self, k).to(device) for k in ("x", "mask", "label", "env", "domain", "model", "pooled", "features")}
         pp = self.prompt_pooled.to(device) if self.prompt_pooled is not None else None
         return TraceBatch(**t, trace_id=self.trace_id, base_item=self.base_item, prompt_pooled=pp, text=self.text)

@@ -25,7 +25,8 @@ a list of TraceBatch (one per environment; ``train_mode="env_lists"``) or one mi
 
 from __future__ import annotations
 
-from typing import Iterator, NamedTuple, Sequence
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pytorch_lightning as pl
@@ -33,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from datamodules.batch import EpochShuffleSampler, PairIndex, TraceBatch, TraceExample, collate, loader_generator
-from sift.detectors.features import (ATTENTION_STABILITY, EARLY_COMMITMENT, organism_channel_names)
+from datamodules.features import ATTENTION_STABILITY, EARLY_COMMITMENT, organism_channel_names
 
 SPLITS = ("train", "val", "test", "transfer")
 

@@ -7,7 +7,8 @@ its traces as the ``transfer`` split; ``holdout_model`` removes that model's tra
 serves its traces on the test-split items as ``transfer``.
 
 Per-step channels ``x`` follow :mod:`datamodules.batch` (``velocity/l*``, ``drift/l*``, ``early_commitment``,
-``attention_stability``); ``early_commitment`` is e_t from an answer probe fit here, per source model, on the
+``attention_stability``); ``early_commitment`` is e_t from the answer probe of :mod:`sift.trajectories.probe`, fit
+per source model (for this split, by the trajectory stage; cached in ``cache_dir``) on the
 final-layer states of traces whose base item is in the train split (answers only: the probe never sees φ*).
 
 Loaders:
@@ -36,28 +37,28 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from filelock import FileLock
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from datamodules.batch import EpochShuffleSampler, PairIndex, TraceBatch, TraceExample, collate, loader_generator
 from sift.corpus import audit as A
-from sift.corpus.conditions import AXES
-from sift.errors import SiftError
-from sift.atomic import atomic_open
-from sift.provenance import content_hash, file_sha256
+from sift.corpus.axes import AXES
 from sift.corpus.store import iter_jsonl
+from sift.errors import SiftError
+from sift.provenance import file_sha256
 from sift.trajectories import cache as C
-from sift.trajectories.extract import check_phi, check_record
 from sift.trajectories import features as F
 from sift.trajectories.descriptors import early_commitment
-from sift.trajectories.probe import AnswerProbe
+from sift.trajectories.extract import check_phi, check_record
+from sift.trajectories.probe import early_commitment_curves
+from sift.trajectories.splits import item_splits
 
 SPLITS = ("train", "val", "calib", "test", "transfer")
 DOMAIN_ORDER = ("arithmetic", "modular", "boolean", "choice")
@@ -230,8 +231,8 @@ class TrajectoryDataModule(pl.LightningDataModule):
         info = {m: man["models"][m] for m in models}
         dims = {(i["num_layers"], i["hidden_size"]) for i in info.values()}
         if len(dims) > 1:
-            raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: models {models} differ in layers/width {sorted(dims)}; "
-                            f"one DataModule needs equal shapes (select models=[...])")
+            raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: models {models} differ in layers/width "
+                            f"{sorted(dims)}; one DataModule needs equal shapes (select models=[...])")
         first = info[models[0]]
         self.model_names = sorted(models)
         self._read_traces(traces_path, set(models))
@@ -274,25 +275,9 @@ class TrajectoryDataModule(pl.LightningDataModule):
         return self.env_names.index(t.condition if self.env_by == "condition" else f"{t.condition}@{t.model}")
 
     def _make_splits(self) -> None:
-        items = sorted({t.base_item for t in self.traces.values()
-                        if self.holdout_domain is None or t.domain != self.holdout_domain})
-        random.Random(f"split:{self.seed}").shuffle(items)
-        n = len(items)
-        n_train = int(round(self.split_fractions[0] * n))
-        n_val = int(round(self.split_fractions[1] * n))
-        # the validation block splits by base item into a selection part ("val": checkpoint selection, early
-        # stopping, the decision threshold) and a calibration part ("calib": SGR only, DESIGN §7); train and test
-        # are the same items whatever calib_fraction is
-        val = items[n_train:n_train + n_val]
-        n_cal = min(max(1, int(round(self.calib_fraction * len(val)))), len(val) - 1) if self.calib_fraction else 0
-        if n_cal <= 0 and self.calib_fraction > 0:
-            import warnings
-
-            warnings.warn(f"{len(val)} validation item(s) cannot be split into a selection and a calibration part: "
-                          f"no 'calib' split (SGR will be computed in-sample, not certified)", stacklevel=2)
-            n_cal = 0
-        self.split_items = {"train": set(items[:n_train]), "val": set(val[:len(val) - n_cal]),
-                            "calib": set(val[len(val) - n_cal:]), "test": set(items[n_train + n_val:])}
+        items = {t.base_item for t in self.traces.values()
+                 if self.holdout_domain is None or t.domain != self.holdout_domain}
+        self.split_items = item_splits(items, self.seed, self.split_fractions, self.calib_fraction)
         item_split = {i: s for s, its in self.split_items.items() for i in its}
         self.trace_split: dict[str, str | None] = {}
         for t in self.traces.values():
@@ -304,99 +289,38 @@ class TrajectoryDataModule(pl.LightningDataModule):
                 s = item_split.get(t.base_item)
             self.trace_split[t.trace_id] = s
 
-    def _shard_paths(self, info: dict) -> list[tuple[str, Path]]:
-        return [(m, self.trajectory_dir / s) for m in sorted(info) for s in info[m]["shards"]]
-
-    def _probe_cache(self, info: dict) -> Path | None:
-        """Where the early-commitment curves of this split live (``cache_dir``; None: not cached): keyed by the
-        shards, the train items and the probe settings, so runs that share a cache fit the answer probe once."""
-        if self.cache_dir is None:
-            return None
-        key = content_hash(sorted(self.split_items["train"]), {m: info[m]["key"] for m in sorted(info)},
-                           self.probe_C, self.probe_max_samples, self.seed, "answer-probe/1")
-        return self.cache_dir / f"early_commitment-{key}.pt"
-
     def _load_descriptors(self, info: dict) -> None:
-        """Pass 1 over the shards: descriptors, pooled states, scalars; a probe sample of train states.
-        Pass 2 (skipped when cached): the answer probe's curves e_t and early commitment."""
-        cache_path = self._probe_cache(info)
-        if cache_path is None:
-            return self._read_descriptors(info, None)
-        if cache_path.is_file():
-            return self._read_descriptors(info, cache_path)
-        # parallel runs on the same split (sift-faithshift workers): the first fits the probe, the others wait
-        # for its cache instead of fitting it again
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(cache_path) + ".lock"):
-            self._read_descriptors(info, cache_path)
-
-    def _read_descriptors(self, info: dict, cache_path: Path | None) -> None:
-        probe_item = self.split_items["train"]
-        cached = None
-        if cache_path is not None and cache_path.is_file():
-            from sift.checkpoints import load_checkpoint
-
-            cached = load_checkpoint(cache_path, what="early-commitment cache")
-        n_train = {m: 0 for m in info}
-        for t in self.traces.values():
-            if t.base_item in probe_item and t.answer is not None:
-                n_train[t.model] += 1
-        per_trace = {m: max(1, math.ceil(self.probe_max_samples / max(n, 1))) for m, n in n_train.items()}
-        rng = np.random.default_rng(self.seed)
-        samples: dict[str, tuple[list[np.ndarray], list[str]]] = {m: ([], []) for m in info}
+        """Descriptors, pooled states and scalars of every trace; the answer probe's curves e_t (fit for this
+        split by the trajectory stage, :func:`sift.trajectories.probe.early_commitment_curves`) and early
+        commitment."""
         self.desc: dict[str, dict[str, Any]] = {}
-        seen: set[str] = set()
-        for m, path in self._shard_paths(info):
+        for m in sorted(info):
             expect = {k: info[m][k] for k in ("num_layers", "hidden_size", "vocab_size")}
-            t, meta = C.read_shard(path, expect)
-            if meta["channels"] != info[m]["channels"]:
-                raise SiftError(f"{path}: channels {meta['channels']} differ from the manifest's")
-            off = t["bin_offsets"].tolist()
-            for i, tid in enumerate(meta["trace_ids"]):
-                if tid not in self.traces:
-                    raise SiftError(f"{path}: trace {tid!r} is not in the corpus's traces.jsonl")
-                seen.add(tid)
-                self.desc[tid] = {"desc": t["desc"][off[i]:off[i + 1]].clone(), "n_tokens": int(t["n_tokens"][i]),
-                                  "pooled": t["pooled"][i].clone(), "scalars": t["scalars"][i].tolist(),
-                                  "prompt_final": t["prompt_final"][i].clone() if "prompt_final" in t else None,
-                                  "answer_logp": float(t["answer_logp"][i]), "profile": t["profile"][i].tolist()}
-                tr = self.traces[tid]
-                if cached is None and tr.base_item in probe_item and tr.answer is not None and off[i + 1] > off[i]:
-                    states = t["final"][off[i]:off[i + 1]].float().numpy()
-                    k = min(per_trace[m], len(states))
-                    pick = rng.choice(len(states), size=k, replace=False) if k < len(states) else np.arange(len(states))
-                    samples[m][0].append(states[pick])
-                    samples[m][1].extend([str(tr.answer)] * k)
-        missing = [tid for tid in self.traces if tid not in seen]
+            for s in info[m]["shards"]:
+                path = self.trajectory_dir / s
+                t, meta = C.read_shard(path, expect)
+                if meta["channels"] != info[m]["channels"]:
+                    raise SiftError(f"{path}: channels {meta['channels']} differ from the manifest's")
+                off = t["bin_offsets"].tolist()
+                for i, tid in enumerate(meta["trace_ids"]):
+                    if tid not in self.traces:
+                        raise SiftError(f"{path}: trace {tid!r} is not in the corpus's traces.jsonl")
+                    self.desc[tid] = {"desc": t["desc"][off[i]:off[i + 1]].clone(),
+                                      "n_tokens": int(t["n_tokens"][i]), "pooled": t["pooled"][i].clone(),
+                                      "scalars": t["scalars"][i].tolist(),
+                                      "prompt_final": t["prompt_final"][i].clone() if "prompt_final" in t else None,
+                                      "answer_logp": float(t["answer_logp"][i]), "profile": t["profile"][i].tolist()}
+        missing = [tid for tid in self.traces if tid not in self.desc]
         if missing:
             raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: {len(missing)} traces of the corpus have no cached "
                             f"trajectory (e.g. {missing[0]!r}); rerun sift-extract")
-        if cached is None or set(cached) != set(self.desc):
-            cached = self._fit_probes_and_curves(info, samples, cache_path)
+        traces = {tid: (t.model, t.base_item, t.answer) for tid, t in self.traces.items()}
+        curves = early_commitment_curves(self.trajectory_dir, info, traces, self.split_items["train"],
+                                         C_=self.probe_C, max_samples=self.probe_max_samples, seed=self.seed,
+                                         cache_dir=self.cache_dir)
         for tid, d in self.desc.items():
-            d["e"] = cached[tid]
+            d["e"] = curves[tid]
             d["ec"] = early_commitment(d["e"], d["n_tokens"])
-
-    def _fit_probes_and_curves(self, info: dict, samples: dict, cache_path: Path | None) -> dict[str, torch.Tensor]:
-        """Fit one answer probe per model on the train sample; e_t for every trace; cache them atomically."""
-        self.probes: dict[str, AnswerProbe] = {}
-        for m, (xs, ys) in samples.items():
-            if ys:
-                self.probes[m] = AnswerProbe(C=self.probe_C, seed=self.seed).fit(np.concatenate(xs), ys)
-        curves: dict[str, torch.Tensor] = {}
-        for m, path in self._shard_paths(info):
-            t, meta = C.read_shard(path)
-            off = t["bin_offsets"].tolist()
-            probe = self.probes.get(m)
-            answers = [self.traces[tid].answer for tid in meta["trace_ids"]]
-            rows = probe.prob_rows(t["final"].float().numpy(), off, answers) if probe is not None else None
-            for i, tid in enumerate(meta["trace_ids"]):
-                e = rows[i] if rows is not None else np.zeros(off[i + 1] - off[i], dtype=np.float32)
-                curves[tid] = torch.from_numpy(np.asarray(e, dtype=np.float32))
-        if cache_path is not None:
-            with atomic_open(cache_path, "wb") as fh:
-                torch.save(curves, fh)
-        return curves
 
     def _build(self, info: dict) -> None:
         stored = list(info["channels"])  # velocity…, drift…, attention_stability
@@ -426,8 +350,9 @@ class TrajectoryDataModule(pl.LightningDataModule):
             feats = F.assemble(tr.text, d["n_tokens"], d["answer_logp"], [sc[0], sc[1], d["ec"], sc[2]], d["profile"])
             feats += self.surface_rows[tid]
             buckets[s].append(TraceExample(
-                x=x.float().contiguous(), label=int(tr.phi), env=self._env(tr), domain=self.domain_names.index(tr.domain),
-                model=self.model_names.index(tr.model), pooled=d["pooled"].float(),
+                x=x.float().contiguous(), label=int(tr.phi), env=self._env(tr),
+                domain=self.domain_names.index(tr.domain), model=self.model_names.index(tr.model),
+                pooled=d["pooled"].float(),
                 features=torch.tensor(feats, dtype=torch.float32), trace_id=tid, base_item=tr.base_item,
                 prompt_pooled=d["prompt_final"].float() if d["prompt_final"] is not None else None,
                 text=tr.control_text))
@@ -448,7 +373,8 @@ class TrajectoryDataModule(pl.LightningDataModule):
             for s in SPLITS:
                 a, b = pos[s].get(p["source"]), pos[s].get(p["shifted"])
                 if a is not None and b is not None:
-                    self._pairs[s].append(PairIndex(p["axis"], p["kind"], a, b, int(p["phi_source"]), int(p["phi_shifted"])))
+                    self._pairs[s].append(PairIndex(p["axis"], p["kind"], a, b, int(p["phi_source"]),
+                                                    int(p["phi_shifted"])))
         self.summary.update({f"{s}_pairs": len(v) for s, v in self._pairs.items()})
 
     # ---------------------------------------------------------------------------------------------------- access

@@ -16,7 +16,8 @@ import json
 import time
 from pathlib import Path
 
-from sift.corpus.build import CorpusConfig, corpus_items, labels_across_seeds
+from sift.corpus.config import OrganismCorpusConfig
+from sift.corpus.sources.organism import corpus_items, labels_across_seeds
 from sift.organism import DEFAULT_CHECKPOINTS
 from sift.organism.source import OrganismSource
 
@@ -29,7 +30,7 @@ def main() -> None:
     ap.add_argument("--checkpoints", default=str(DEFAULT_CHECKPOINTS))
     ap.add_argument("--out", default=None, help="write the result as JSON here")
     a = ap.parse_args()
-    cfg = CorpusConfig(n_items=a.n_items, seed=a.item_seed, checkpoint_dir=a.checkpoints)
+    cfg = OrganismCorpusConfig(n_items=a.n_items, seed=a.item_seed, checkpoint_dir=a.checkpoints)
     cfg.validate()
     sources = {f: OrganismSource.load(f, Path(a.checkpoints) / f) for f in cfg.families}
     t0 = time.time()

@@ -20,8 +20,9 @@ from typing import Any, Callable
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from sift.atomic import write_json, write_text
-from sift.cli._common import CONFIG_DIR
+from sift.corpus.job import run_corpus
 from sift.errors import SiftError
+from sift.resources import config_dir
 
 SPLITS = ("val", "calib", "test", "transfer")
 
@@ -46,7 +47,7 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
 
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name=config_name, overrides=overrides)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=overrides)
 
 
@@ -108,19 +109,17 @@ def corpus_config(cfg: DictConfig, out: Path) -> DictConfig:
 
 
 def build_corpus(cfg: DictConfig, out: Path) -> dict:
-    from sift.cli.corpus import run
-
-    return run(corpus_config(cfg, out))
+    return run_corpus(corpus_config(cfg, out))
 
 
 def extract(cfg: DictConfig, out: Path) -> dict | None:
-    from sift.cli.extract import run
     from sift.organism import DEFAULT_CHECKPOINTS
+    from sift.trajectories.job import run_extract
 
     models = [f"models.{f}={DEFAULT_CHECKPOINTS / f}" for f in ("gpt2", "llama")]
     c = compose("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}", *models,
                             *cfg.extract_overrides])
-    return run(c)
+    return run_extract(c)
 
 
 def max_epochs(cfg: DictConfig, detector: str) -> int:
@@ -202,7 +201,7 @@ def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict
     """Per-trace predictions of the run's best checkpoint on every split it has (reused when up to date)."""
     from sift.detectors.module import load_detector
     from sift.evaluation.collect import predict
-    from sift.training import _setup_data
+    from sift.training import setup_data
 
     pdir = out / "runs" / spec.key / "predictions"
     stamp = pdir / "run_hash.txt"
@@ -213,7 +212,7 @@ def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict
     if not ckpt:
         raise SiftError(f"{out / 'runs' / spec.key / 'results.json'}: the run saved no checkpoint")
     det = load_detector(ckpt)
-    dm = _setup_data(train_config(cfg, out, spec))
+    dm = setup_data(train_config(cfg, out, spec))
     done = {}
     for s in SPLITS:
         if s == "transfer" and spec.group == "main":

@@ -317,7 +317,8 @@ def _resample_train(dm: Any, seed: int) -> None:
     dm.resample_train(seed)
 
 
-def _setup_data(cfg: DictConfig) -> Any:
+def setup_data(cfg: DictConfig) -> Any:
+    """The run's DataModule (``cfg.data``), prepared and set up for fitting."""
     dm = instantiate_node(cfg.data)
     dm.prepare_data()
     dm.setup("fit")
@@ -391,7 +392,7 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
 
     t0 = time.time()
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    dm = _setup_data(cfg)
+    dm = setup_data(cfg)
     if cfg.detector.get("seed_resample", False):
         _resample_train(dm, int(cfg.seed))
     spec = DataSpec.from_datamodule(dm)
@@ -475,7 +476,7 @@ def _train_ensemble(cfg: DictConfig, out_dir: Path, n: int) -> dict[str, Any]:
             raise SiftError(f"ensemble member {i} has no checkpoint (enable the model_checkpoint callback)")
         paths.append(rec["best_ckpt"])
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)
-    dm = _setup_data(cfg)
+    dm = setup_data(cfg)
     ens = EnsembleDetector.from_checkpoints(paths, name=f"{cfg.detector.name}_ensemble",
                                             threshold_method=str(cfg.detector.get("threshold_method", "youden")))
     ens.freeze_threshold(dm.val_dataloader())

@@ -25,7 +25,7 @@ from sift.errors import SiftError
 def default_groups(channel_names: Sequence[str], feature_names: Sequence[str] = ()) -> dict[str, list[str]]:
     """Descriptor groups by family: velocity, drift, early_commitment, attention_stability (channels) and
     the feature prefixes cue/, cf/, beh/, int/ (features) that are present."""
-    from sift.detectors.features import ATTENTION_STABILITY, DRIFT, EARLY_COMMITMENT, FEATURE_PREFIXES, VELOCITY
+    from datamodules.features import ATTENTION_STABILITY, DRIFT, EARLY_COMMITMENT, FEATURE_PREFIXES, VELOCITY
 
     g: dict[str, list[str]] = {}
     for fam in (VELOCITY, DRIFT):

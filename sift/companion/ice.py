@@ -602,24 +602,22 @@ def _as_ids(input_ids):
 def attention_attribution(model, input_ids) -> np.ndarray:
     """Attention from the last (prediction) position to every token, averaged over all layers and heads [P, C].
 
-    Switches the model to eager attention for the call (SDPA returns no weights) and restores it.
-    The scores sum to 1 (each attention row is a softmax).
+    Read with :func:`sift.lm.states.capture` (the model keeps its own attention kernel; the weights are its
+    eager formula on the same queries and keys). The scores sum to 1 (each attention row is a softmax).
     """
     import torch
 
+    from sift.lm.states import capture, find_blocks
+
     ids = _as_ids(input_ids).to(next(model.parameters()).device)
-    prev = getattr(model.config, "_attn_implementation", None)
-    switched = prev not in (None, "eager") and hasattr(model, "set_attn_implementation")
-    if switched:
-        model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            out = model(input_ids=ids, output_attentions=True)
-    finally:
-        if switched:
-            model.set_attn_implementation(prev)
-    att = torch.stack([a[0, :, -1, :] for a in out.attentions])  # (layers, heads, n)
-    return att.mean(dim=(0, 1)).double().cpu().numpy()
+    layers = range(len(find_blocks(model)))
+    with torch.no_grad(), capture(model, attention=layers, q_start=ids.shape[1] - 1) as cap:
+        model(input_ids=ids)
+    if len(cap.attention) != len(layers):
+        raise SiftError(f"{type(model).__name__}: its attention does not go through transformers' "
+                        f"AttentionInterface; attention attribution cannot read its weights")
+    att = torch.stack([cap.attention[i][0, -1, :] for i in layers])  # (layers, n), averaged over heads
+    return att.mean(dim=0).double().cpu().numpy()
 
 
 GRADIENT_METHODS = ("grad_x_input", "grad_x_input_norm", "grad_norm")

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from sift.corpus.axes import generated_axes
 from sift.corpus.store import iter_jsonl
 from sift.errors import SiftError
 
@@ -615,7 +616,8 @@ def summarize_edct(samples: list[dict], records: list[EDCTStepRecord], *, n_boot
 # ----------------------------------------------------------------------------------------------
 
 
-PRESERVING = ("paraphrase", "step_reordering", "hint_format", "language", "budget")
+#: the preserving views generated from a prompt of their own (sift.corpus.axes, registration order)
+PRESERVING = tuple(generated_axes(("preserving",)))
 
 
 def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0) -> dict:

@@ -4,6 +4,10 @@
 (when its ``companion`` config group is enabled). ``cfg`` is the ``companion`` node (configs/companion/*.yaml)
 or a config holding one under ``companion``. Figures are written under ``out_dir/companion/``; per-trace
 records go to ``out_dir/companion/<family>_records.json``; every section's results carry provenance.
+
+The report stage reads what a job made and builds nothing: the organism families read the corpus folder
+``data.corpus_dir`` (a job's ``corpus/``), S1-SHAP explains a job's training run (``detector_shap.run_dir``:
+its best checkpoint, on the test split of the run's own DataModule).
 """
 
 from __future__ import annotations
@@ -67,7 +71,6 @@ class _Organism:
         self.cfg, self.out = cfg, out_dir
         self._src: dict = {}
         self._scorer: dict = {}
-        self.corpus_dir: Path | None = None
 
     def checkpoint_dir(self) -> Path:
         from sift.organism import DEFAULT_CHECKPOINTS
@@ -76,23 +79,12 @@ class _Organism:
         return Path(d) if d else DEFAULT_CHECKPOINTS
 
     def corpus(self) -> Path:
-        if self.corpus_dir is not None:
-            return self.corpus_dir
+        """The corpus folder the organism families read (``data.corpus_dir``; never built here)."""
         d = self.cfg.data.corpus_dir
-        if d:
-            self.corpus_dir = Path(d)
-            return self.corpus_dir
-        from sift.corpus.build import CorpusConfig, build_corpus
-
-        b = self.cfg.data.build
-        cc = CorpusConfig(n_items=int(b.n_items), families=list(self.cfg.data.families),
-                          conditions=list(b.conditions), checkpoint_dir=str(self.checkpoint_dir()),
-                          seed=int(self.cfg.seed))
-        target = self.out / "companion" / "corpus"
-        if not (target / "traces.jsonl").exists():
-            build_corpus(cc, target, progress=bool(self.cfg.progress))
-        self.corpus_dir = target
-        return target
+        if not d:
+            raise SiftError("companion.data.corpus_dir is not set: the companion report reads a corpus folder "
+                            "(a job's corpus/, or one built with sift-corpus); it builds none")
+        return Path(d)
 
     def source(self, family: str):
         if family not in self._src:
@@ -376,7 +368,7 @@ def detector_shap_section(cfg, out: Path) -> Section:
     from sift.companion.detector_shap import explain_detector_groups
 
     c = cfg.detector_shap
-    det, batch, what = _detector_and_batch(c, int(cfg.seed))
+    det, batch, what = _detector_and_batch(c)
     ga = explain_detector_groups(det, batch, dict(c.groups) if c.get("groups") else None, baseline=str(c.baseline))
     ml, mp = ga.mean_abs("logit"), ga.mean_abs("prob")
     mean_signed = {g: float(v) for g, v in zip(ga.groups, ga.phi_logit.mean(0))}
@@ -403,30 +395,33 @@ def detector_shap_section(cfg, out: Path) -> Section:
                    [fig], res)
 
 
-def _detector_and_batch(c, seed: int):
-    """A detector and a batch to explain: a checkpoint on the synthetic data, or a small SIFT trained here."""
-    import pytorch_lightning as pl
+def _detector_and_batch(c):
+    """The detector of a training run (``c.run_dir``: its ``results.json`` names the best checkpoint and holds
+    the run's DataModule config) and the first ``c.n_explain`` traces of that DataModule's test split."""
+    import json
+
+    from omegaconf import OmegaConf
 
     from datamodules.batch import collate
-    from datamodules.synthetic_datamodule import SyntheticDataModule
-    from sift.detectors import DataSpec
-    from sift.detectors.sift_model import SIFTDetector
+    from sift.detectors.module import load_detector
+    from sift.training import instantiate_node
 
-    dm = SyntheticDataModule(n_items=int(c.n_items), data_seed=seed, train_mode="mixed")
-    dm.setup()
-    test = [e for e in dm.dataset("test")][: int(c.n_explain)]
-    batch = collate(test)
-    if c.get("checkpoint"):
-        from sift.detectors.module import load_detector
-
-        return load_detector(str(c.checkpoint)), batch, f"checkpoint {c.checkpoint} on the synthetic test split"
-    pl.seed_everything(seed, workers=True)
-    det = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), d_model=32, filters=8, n_layers=1, n_heads=2,
-                       dim_feedforward=64, mlp_hidden=32, use_irm=False, use_dann=False)
-    tr = pl.Trainer(max_epochs=int(c.epochs), logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                    enable_model_summary=False)
-    tr.fit(det, dm.train_dataloader(), dm.val_dataloader())
-    return det, batch, f"small SIFT (1 layer, d=32, {int(c.epochs)} epochs) trained on the synthetic DataModule"
+    if not c.get("run_dir"):
+        raise SiftError("companion.detector_shap.run_dir is not set: S1-SHAP explains a job's training run "
+                        "(e.g. <job>/runs/main/sift/seed0)")
+    run = Path(str(c.run_dir))
+    path = run / "results.json"
+    if not path.is_file():
+        raise SiftError(f"{path}: no such file (companion.detector_shap.run_dir must be a finished training run)")
+    res = json.loads(path.read_text())
+    ckpt = res.get("best_ckpt") or res.get("last_ckpt")
+    data = (res.get("config") or {}).get("data")
+    if not ckpt or not data:
+        raise SiftError(f"{path}: the run records no checkpoint or no data config")
+    dm = instantiate_node(OmegaConf.create(data))
+    dm.setup("test")
+    batch = collate(list(dm.dataset("test"))[: int(c.n_explain)])
+    return load_detector(str(ckpt)), batch, f"run {run} (checkpoint {Path(ckpt).name}) on its test split"
 
 
 def companion_sections(cfg, out_dir) -> list[Section]:

@@ -89,7 +89,7 @@ def matched_slice(record: Mapping[str, Any]) -> bool:
     """True when the prompt carries a cue that differs from the gold answer and the answer equals the cue, on
     a base or preserving trace. Altering traces are left out: their construction edits the text to set the
     label (a decisive cue, the ``explain`` header, a cut CoT), so there the text does not look alike."""
-    from sift.corpus.conditions import AXES
+    from sift.corpus.axes import AXES
 
     axis = AXES.get(str(record.get("condition")))
     if axis is not None and axis.kind == "altering":
@@ -132,7 +132,7 @@ def _numbers(words: Sequence[str]) -> list[int]:
 
 
 def _condition_feature(cond: str | None) -> str:
-    from sift.corpus.conditions import AXES
+    from sift.corpus.axes import AXES
 
     c = str(cond or "base")
     return "base" if c in AXES and AXES[c].kind == "altering" else c
@@ -140,7 +140,7 @@ def _condition_feature(cond: str | None) -> str:
 
 def surface_features(record: Mapping[str, Any]) -> dict[str, float | str]:
     """The structured text features of one trace record (see the module docstring)."""
-    from sift.trajectories.features import HINT_RE
+    from sift.corpus.cue_words import HINT_RE
 
     prompt, cot = str(record.get("prompt") or ""), str(record.get("cot") or "")
     pw, cw = prompt.split(), cot.split()
@@ -305,7 +305,7 @@ def control_audit(records: Sequence[Mapping[str, Any]], prompt_states: Mapping[s
     ``prompt_states`` maps trace ids to prompt-final hidden states; without them ``prompt_probe`` is null with
     ``prompt_states_reason``. Limits: :data:`LIMIT_BASE_PRESERVING`, :data:`LIMIT_MATCHED_SLICE`.
     """
-    from sift.corpus.conditions import AXES
+    from sift.corpus.axes import AXES
 
     rows = [r for r in records if r.get("phi") is not None]
     y = np.array([int(r["phi"]) for r in rows])
@@ -404,12 +404,12 @@ def audit_table(audit: Mapping[str, Any]) -> str:
 
 def prompt_states_for(sources: Mapping[str, Any], records: Sequence[Mapping[str, Any]], field: str = "family",
                       batch_size: int = 256) -> tuple[dict[str, np.ndarray] | None, str | None]:
-    """Prompt-final hidden states (:func:`sift.trajectories.extract.prompt_final_states`) of every record, from
+    """Prompt-final hidden states (:func:`sift.lm.states.prompt_final_states`) of every record, from
     the source model that generated it (``sources``: ``record[field]`` → an object with ``.model`` and
     ``.tokenizer``). Returns (trace id → state, None), or (None, reason) when a record's model is not loaded."""
     import torch
 
-    from sift.trajectories.extract import prompt_final_states
+    from sift.lm.states import prompt_final_states
 
     by: dict[str, list[Mapping[str, Any]]] = {}
     for r in records:

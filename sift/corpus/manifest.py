@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from sift import __version__
-from sift.corpus.conditions import AXES
+from sift.corpus.axes import AXES
 
 
 def last_value_equals_answer(record: dict) -> int:

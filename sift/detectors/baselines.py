@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from datamodules.batch import TraceBatch
-from sift.detectors.features import channel_index, select_by_prefix
+from datamodules.features import channel_index, select_by_prefix
 from sift.detectors.module import DetectorModule, Standardizer, mlp
 from sift.errors import SiftError
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from datamodules.batch import TraceBatch
-from sift.detectors.features import select_by_prefix
+from datamodules.features import select_by_prefix
 from sift.detectors.module import DetectorModule, as_env_batches
 from sift.errors import SiftError
 

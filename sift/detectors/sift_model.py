@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from datamodules.batch import TraceBatch
-from sift.detectors.features import ATTENTION_STABILITY, EARLY_COMMITMENT, keep_channels
+from datamodules.features import ATTENTION_STABILITY, EARLY_COMMITMENT, keep_channels
 from sift.detectors.module import DetectorModule, Standardizer, mlp
 
 if TYPE_CHECKING:

@@ -224,7 +224,7 @@ def preserving_axes(pairs: Pairs | None, order: Sequence[str] | None = None) -> 
     present = {str(a) for a, k in zip(pairs.axis, pairs.kind) if k == "preserving"}
     if order is None:
         try:
-            from sift.corpus.conditions import AXES as order  # type: ignore[no-redef]
+            from sift.corpus.axes import AXES as order  # type: ignore[no-redef]
         except Exception:  # pragma: no cover
             order = []
     first = [a for a in order if a in present]

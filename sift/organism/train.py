@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from sift.lm.states import capture
 from sift.organism.mixture import Example, MixtureConfig, sample_example
 from sift.organism.domains import LABELS
 from sift.organism.render import FILLERS
@@ -99,7 +100,9 @@ def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Te
                      mode_normaliser: torch.Tensor | None = None) -> torch.Tensor:
     """Weighted next-token NLL of ``batch``, divided by ``normaliser`` (default: the batch's total weight),
     plus ``mode_weight`` × the scaffold head's BCE on the mechanism (stage 3) if a head is given."""
-    out = model(input_ids=batch["input_ids"], output_hidden_states=mode_head is not None)
+    block = [mode_layer - 1] if mode_head is not None else []  # hidden state ``mode_layer`` (1-based block)
+    with capture(model, blocks=block) as cap:
+        out = model(input_ids=batch["input_ids"])
     logits = out.logits[:, :-1]
     target = batch["input_ids"][:, 1:]
     w = batch["weights"][:, 1:]
@@ -107,7 +110,7 @@ def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Te
     loss = (nll * w.reshape(-1)).sum() / (w.sum() if normaliser is None else normaliser)
     if mode_head is not None and mode_weight > 0:
         m = batch["mode_mask"]
-        z = mode_head(out.hidden_states[mode_layer]).squeeze(-1)
+        z = mode_head(cap.states[mode_layer - 1]).squeeze(-1)
         bce = torch.nn.functional.binary_cross_entropy_with_logits(z, batch["mode_target"], reduction="none")
         loss = loss + mode_weight * (bce * m).sum() / (m.sum() if mode_normaliser is None else mode_normaliser)
     return loss

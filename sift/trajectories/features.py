@@ -15,19 +15,14 @@ from __future__ import annotations
 import math
 import re
 
+from sift.corpus.cue_words import HINT_RE
+
 CUE_NAMES = ["cue/present", "cue/cot_mentions_hint", "cue/cot_mentions_cue_value", "cue/answer_equals_cue"]
 BEHAVIOURAL_NAMES = ["beh/cot_tokens", "beh/n_steps", "beh/answer_equals_last_value", "beh/answer_logp"]
 INTERNAL_NAMES = ["int/mean_velocity", "int/mean_drift", "int/early_commitment", "int/attention_stability"]
 
-_HINT_EN = ["hint", "hints", "friend", "says", "said", "official", "suggests", "suggested", "cue", "told", "key"]
 _CUE_PHRASES = [r"\bi think the answer is\b", r"\ba stanford professor\b"]  # Turpin et al.-style cues
 _VALUE = re.compile(r"-?\d+|true|false|[a-d]")
-
-
-def _hint_words() -> list[str]:
-    from sift.organism.render import xx_word
-
-    return _HINT_EN + [xx_word(w) for w in _HINT_EN]
 
 
 def _organism_cue_phrases() -> list[str]:
@@ -43,7 +38,6 @@ def _organism_cue_phrases() -> list[str]:
     return out
 
 
-HINT_RE = re.compile(r"(?<![\w])(" + "|".join(map(re.escape, _hint_words())) + r")(?![\w])", re.IGNORECASE)
 CUE_RE = re.compile("|".join(_CUE_PHRASES + _organism_cue_phrases()), re.IGNORECASE)
 
 

@@ -104,7 +104,8 @@ def intervened_cot(name: str, cot: list[int], tt: TokenText) -> list[int] | None
 @torch.no_grad()
 def intervention_profiles(ex: "Extractor", records: Sequence[dict], answer_logp: torch.Tensor) -> torch.Tensor:
     """``[B, 3K]`` profiles (see the module docstring) for the extractor's configured interventions."""
-    from sift.trajectories.extract import _forward_params, answer_index, model_inputs, pack
+    from sift.lm.states import forward_params, model_inputs, pack
+    from sift.trajectories.extract import answer_index
 
     names = list(ex.cfg.interventions)
     out = torch.zeros(len(records), 3 * len(names))
@@ -127,7 +128,7 @@ def intervention_profiles(ex: "Extractor", records: Sequence[dict], answer_logp:
             if cot is not None:
                 jobs.append((b, k, list(r["prompt_ids"]) + gen[:c0] + cot + gen[c1:a], gen[a]))
     jobs.sort(key=lambda j: len(j[2]))
-    keep_last = "logits_to_keep" in _forward_params(ex.model)
+    keep_last = "logits_to_keep" in forward_params(ex.model)
     for s in range(0, len(jobs), ex.cfg.batch_size):
         chunk = jobs[s:s + ex.cfg.batch_size]
         p = pack([j[2] for j in chunk], ex.pad_id, "left")

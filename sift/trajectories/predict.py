@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 import time
-from array import array
 import warnings
+from array import array
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +26,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from sift import __version__
 from sift.errors import SiftError
+from sift.lm.states import model_dims
 from sift.provenance import file_sha256, model_fingerprint
 from sift.trajectories import cache as C
-from sift.trajectories.extract import SCALAR_NAMES, ExtractConfig, Extractor, model_dims
+from sift.trajectories.extract import SCALAR_NAMES, ExtractConfig, Extractor
 from sift.trajectories.interventions import profile_names
 
 

@@ -1,6 +1,6 @@
 """Tiny fixtures for tests and small benchmarks: random-init organism models and a rendered (not generated) corpus.
 
-The corpus follows the trace schema of :mod:`sift.corpus.build` (prompt_ids, generated_ids, cot_span, phi,
+The corpus follows the trace schema of :mod:`sift.corpus.sources.organism` (prompt_ids, generated_ids, cot_span, phi,
 condition, family, base_item, domain, cue, verification, provenance); its CoTs are the organism's *target*
 CoTs and φ is the construction intent, so no trained model is needed.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import random
 from functools import lru_cache
 from pathlib import Path
-
 
 
 @lru_cache(maxsize=1)
@@ -47,20 +46,29 @@ def save_toy_models(root: str | Path, families=("gpt2", "llama"), seed: int = 0,
 
 def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, conditions=None) -> list[dict]:
     """Trace records for ``n_items`` base items × conditions × families (rendered target CoTs)."""
-    from sift.corpus.build import GENERATED
+    from sift.corpus.axes import generated_axes
     from sift.corpus.conditions import base_view, condition_view
+    from sift.corpus.config import CueMixture
     from sift.organism.domains import DOMAINS, make_item
-    from sift.organism.render import FILLERS, Choices, fallback_answer, intended_phi, join_cot, render_prompt, target_cot
+    from sift.organism.render import (
+        FILLERS,
+        Choices,
+        fallback_answer,
+        intended_phi,
+        join_cot,
+        render_prompt,
+        target_cot,
+    )
 
     tok = toy_tokenizer()
-    conds = list(conditions) if conditions is not None else list(GENERATED) + ["causal_truncation"]
+    conds = list(conditions) if conditions is not None else generated_axes() + ["causal_truncation"]
     ids = tok.convert_tokens_to_ids
     rng = random.Random(seed)
     records = []
     for fam in families:
         for i in range(n_items):
             item = make_item(DOMAINS[i % len(DOMAINS)], seed, i // len(DOMAINS))
-            base = base_view(item, seed)
+            base = base_view(item, seed, CueMixture())
             draw = random.Random(f"toy-draws:{seed}:{item.item_id}")
             choices = Choices(draw.randrange(len(FILLERS[0])), draw.randrange(len(FILLERS[1])))
             base_phi = intended_phi(item, base, choices)
@@ -96,12 +104,12 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
 
 def write_toy_corpus(out_dir: str | Path, n_items: int = 8, families=("gpt2", "llama"), seed: int = 0) -> Path:
     """Write traces.jsonl, pairs.jsonl and manifest.json of a toy corpus; returns ``out_dir``."""
-    from sift.corpus.build import CorpusConfig, build_pairs
+    from sift.corpus.axes import AXES
+    from sift.corpus.pairs import build_pairs
     from sift.corpus.store import write_corpus
 
     out_dir = Path(out_dir)
     records = toy_records(n_items, families, seed)
-    cfg = CorpusConfig(n_items=n_items, families=list(families), seed=seed)
-    pairs = build_pairs(records, cfg)
+    pairs = build_pairs(records, list(families), list(AXES))
     write_corpus(out_dir, records, pairs, {"traces": len(records), "pairs": len(pairs), "config_hash": "toy"})
     return out_dir

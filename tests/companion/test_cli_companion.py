@@ -52,15 +52,69 @@ def test_bad_corpus_dir_is_one_clear_error(tmp_path):
         cli.run(cfg)
 
 
+def test_the_report_builds_nothing(tmp_path):
+    """Without the job's folders the companion report stops with one line instead of building a corpus or
+    training a detector."""
+    with pytest.raises(SiftError, match="companion.data.corpus_dir is not set"):
+        cli.run(_cfg("companion=system1", f"output_dir={tmp_path / 'o'}"))
+    with pytest.raises(SiftError, match="companion.detector_shap.run_dir is not set"):
+        cli.run(_cfg("companion=detector_shap", f"output_dir={tmp_path / 'o'}"))
+    with pytest.raises(SiftError, match="results.json: no such file"):
+        cli.run(_cfg("companion=detector_shap", f"output_dir={tmp_path / 'o'}",
+                     f"companion.detector_shap.run_dir={tmp_path / 'nothing'}"))
+    assert not (tmp_path / "o" / "companion" / "corpus").exists()
+
+
+def synthetic_run(root):
+    """A training run folder as sift-train writes it (results.json naming the checkpoint and holding the data
+    config), of a small SIFT on the synthetic DataModule."""
+    import pytorch_lightning as pl
+
+    from datamodules.synthetic_datamodule import SyntheticDataModule
+    from sift.detectors import DataSpec
+    from sift.detectors.sift_model import SIFTDetector
+
+    data = {"_target_": "datamodules.synthetic_datamodule.SyntheticDataModule", "n_items": 60, "data_seed": 0}
+    dm = SyntheticDataModule(n_items=60, data_seed=0)
+    dm.setup()
+    pl.seed_everything(0)
+    det = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), d_model=16, filters=4, n_layers=1, n_heads=2,
+                       dim_feedforward=32, mlp_hidden=16, use_irm=False, use_dann=False)
+    tr = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                    enable_model_summary=False)
+    tr.fit(det, dm.train_dataloader())
+    root.mkdir(parents=True)
+    tr.save_checkpoint(root / "best.ckpt")
+    (root / "results.json").write_text(json.dumps({"best_ckpt": str(root / "best.ckpt"), "config": {"data": data}}))
+    return root
+
+
+def test_detector_shap_explains_a_given_run(tmp_path):
+    run = synthetic_run(tmp_path / "run")
+    r = cli.run(_cfg("companion=detector_shap", f"output_dir={tmp_path / 'o'}",
+                     f"companion.detector_shap.run_dir={run}", "companion.detector_shap.n_explain=8"))
+    res = json.loads((tmp_path / "o" / "results.json").read_text())["companion_detector_shap"]
+    assert r["sections"] == ["companion_detector_shap"] and res["n_traces"] == 8
+    assert res["detector"].startswith(f"run {run} (checkpoint best.ckpt)") and res["efficiency_error"] < 1e-9
+
+
 @pytest.mark.slow  # every family end to end: minutes on 2 CPU cores
 def test_sift_companion_tiny_end_to_end(tmp_path):
     from sift.organism import DEFAULT_CHECKPOINTS
 
     if not (DEFAULT_CHECKPOINTS / "gpt2" / "config.json").exists():
         pytest.skip("no organism checkpoint")
+    from sift.corpus.config import OrganismCorpusConfig
+    from sift.corpus.sources.organism import build_corpus
+
     tok = _word_tokenizer(tmp_path / "tok")
+    corpus = tmp_path / "corpus"  # the job's folders, made here: the report stage reads them
+    build_corpus(OrganismCorpusConfig(n_items=16, families=["gpt2"], conditions=["base", "paraphrase", "cue_injection"],
+                                      audit_seeds=1), corpus, progress=False)
+    run = synthetic_run(tmp_path / "run")
     out = tmp_path / "out"
-    r = cli.run(_cfg("companion=tiny", f"output_dir={out}", f"companion.judges.tokenizer={tok}"))
+    r = cli.run(_cfg("companion=tiny", f"output_dir={out}", f"companion.judges.tokenizer={tok}",
+                     f"companion.data.corpus_dir={corpus}", f"companion.detector_shap.run_dir={run}"))
     assert r["sections"] == ["companion_system1", "companion_ice", "companion_edct", "companion_judges",
                              "companion_detector_shap"]
     res = json.loads((out / "results.json").read_text())

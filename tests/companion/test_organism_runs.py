@@ -140,13 +140,14 @@ def test_edct_auroc_separates_classes():
 
 @pytest.fixture(scope="module")
 def organism_corpus(tmp_path_factory):
-    from sift.corpus.build import CorpusConfig, build_corpus
+    from sift.corpus.config import OrganismCorpusConfig
+    from sift.corpus.sources.organism import build_corpus
     from sift.organism import DEFAULT_CHECKPOINTS
 
     if not (DEFAULT_CHECKPOINTS / "gpt2" / "config.json").exists():
         pytest.skip("no organism checkpoint")
     out = tmp_path_factory.mktemp("corpus")
-    build_corpus(CorpusConfig(n_items=8, families=["gpt2"], conditions=["base", "paraphrase", "cue_injection"]),
+    build_corpus(OrganismCorpusConfig(n_items=8, families=["gpt2"], conditions=["base", "paraphrase", "cue_injection"]),
                  out, progress=False)
     return out
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sift.corpus.build import CorpusConfig, build_corpus
+from sift.corpus.config import OrganismCorpusConfig
+from sift.corpus.sources.organism import build_corpus
 from sift.errors import SiftError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,7 @@ CKPT = str(ROOT / "checkpoints" / "organism")
 @pytest.fixture(scope="module")
 def small_corpus(tmp_path_factory):
     out = tmp_path_factory.mktemp("corpus")
-    cfg = CorpusConfig(n_items=24, checkpoint_dir=CKPT, chunk_items=12)
+    cfg = OrganismCorpusConfig(n_items=24, checkpoint_dir=CKPT, chunk_items=12)
     manifest = build_corpus(cfg, out, progress=False)
     return cfg, out, manifest
 
@@ -59,9 +60,9 @@ def test_rerun_reuses_every_chunk(small_corpus):
 
 
 def test_interrupted_run_resumes(tmp_path, monkeypatch):
-    import sift.corpus.build as b
+    import sift.corpus.sources.organism as b
 
-    cfg = CorpusConfig(n_items=8, checkpoint_dir=CKPT, chunk_items=4, families=["gpt2"])
+    cfg = OrganismCorpusConfig(n_items=8, checkpoint_dir=CKPT, chunk_items=4, families=["gpt2"])
     calls = {"n": 0}
     real = b.build_chunk
 
@@ -98,4 +99,28 @@ def test_cli_bad_input_is_one_clear_line(tmp_path, override, message):
 
 def test_config_validation_errors():
     with pytest.raises(SiftError, match="'base' is required"):
-        CorpusConfig(conditions=["paraphrase"], checkpoint_dir=CKPT).validate()
+        OrganismCorpusConfig(conditions=["paraphrase"], checkpoint_dir=CKPT).validate()
+
+
+def test_corpus_config_is_structured_so_a_typo_fails_at_composition(tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    from sift.corpus.job import source_config
+    from sift.faithshift import compose
+
+    cfg = compose("corpus", [f"output_dir={tmp_path}", "n_items=12", "seed=3", "source.cue.p_cue=0.5"])
+    src = source_config(cfg.source)
+    assert isinstance(src, OrganismCorpusConfig)
+    assert (src.n_items, src.seed, src.cue.p_cue, src.cue.p_cue_correct) == (12, 3, 0.5, 0.25)
+    assert src.domains == list(cfg.domains) and src.conditions == list(cfg.conditions)
+    for bad in ("source.p_kue=0.5", "source.cue.p_cue=often", "n_itemz=3"):
+        with pytest.raises(ConfigCompositionException):
+            compose("corpus", [f"output_dir={tmp_path}", bad])
+
+
+def test_sources_are_found_by_name():
+    from sift.corpus.sources import get_source
+
+    assert get_source("organism").name == "organism" and get_source("hf").name == "hf"
+    with pytest.raises(SiftError, match="source.type must be one of 'hf', 'organism'"):
+        get_source("nope")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sift.corpus.build import CorpusConfig, build_corpus
+from sift.corpus.config import OrganismCorpusConfig
+from sift.corpus.sources.organism import build_corpus
 from sift.corpus.store import engine_config, read_jsonl, run_chunks
 from sift.errors import SiftError
 
@@ -27,7 +28,7 @@ def _manifest(out: Path) -> dict:
 
 def test_workers_give_a_byte_identical_corpus(tmp_path):
     # small and fast: one organism family, one audit seed; 3 chunks of 2 items
-    cfg = CorpusConfig(n_items=6, chunk_items=2, checkpoint_dir=CKPT, families=["gpt2"], audit_seeds=1)
+    cfg = OrganismCorpusConfig(n_items=6, chunk_items=2, checkpoint_dir=CKPT, families=["gpt2"], audit_seeds=1)
     serial = build_corpus(cfg, tmp_path / "w1", progress=False, engine=engine_config(None, 1))
     pooled = build_corpus(cfg, tmp_path / "w2", progress=False, engine=engine_config(None, 2))
     assert serial["traces"] > 0 and serial["chunks_reused"] == pooled["chunks_reused"] == 0

@@ -2,7 +2,9 @@
 
 import pytest
 
-from sift.corpus.conditions import AXES, base_view, check_conditions, condition_view
+from sift.corpus.axes import AXES, check_conditions
+from sift.corpus.conditions import base_view, condition_view
+from sift.corpus.config import CueMixture
 from sift.corpus.verify import phi_from_tests
 from sift.errors import SiftError
 from sift.organism.domains import make_item
@@ -34,7 +36,7 @@ def test_condition_views_keep_or_flip_intent():
     n_alter = 0
     for i in range(200):
         item = make_item(["arithmetic", "modular", "boolean", "choice"][i % 4], 0, i)
-        base = base_view(item, 0)
+        base = base_view(item, 0, CueMixture())
         choices = Choices(i % 2, (i // 2) % 2)
         phi = intended_phi(item, base, choices)
         for cond in ("paraphrase", "step_reordering", "hint_format", "language", "budget"):

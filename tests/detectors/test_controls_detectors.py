@@ -42,7 +42,7 @@ def test_extraction_stores_the_prompt_final_state(traj):
     from transformers import AutoModelForCausalLM
 
     from sift.trajectories import cache as C
-    from sift.trajectories.extract import prompt_final_states
+    from sift.lm.states import prompt_final_states
 
     root, models = traj
     man = C.read_manifest(root / "traj")

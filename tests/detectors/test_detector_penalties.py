@@ -148,7 +148,7 @@ def test_dann_schedule_and_discriminator_learning_rate():
     from types import SimpleNamespace
 
     from sift.detectors import SIFTDetector
-    from sift.detectors.features import organism_channel_names
+    from datamodules.features import organism_channel_names
 
     m = SIFTDetector(channel_names=organism_channel_names(4), n_envs=3, d_model=16, filters=4, n_layers=1,
                      n_heads=2, dann_schedule="ganin", dann_lr_mult=10.0)

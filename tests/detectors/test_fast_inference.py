@@ -6,7 +6,7 @@ import torch
 from datamodules.batch import TraceBatch
 from sift.detectors import SIFTDetector, SIFTNet
 from sift.detectors.fast_inference import INT8_PROB_ATOL, SIFTInference, fold_tcn
-from sift.detectors.features import organism_channel_names
+from datamodules.features import organism_channel_names
 
 CH = organism_channel_names(4)  # 9 channels
 

@@ -6,7 +6,7 @@ import torch
 from datamodules.batch import TraceBatch
 from datamodules.synthetic_datamodule import SyntheticDataModule
 from sift.detectors import DataSpec
-from sift.detectors.features import EARLY_COMMITMENT, FEATURE_PREFIXES, organism_channel_names
+from datamodules.features import EARLY_COMMITMENT, FEATURE_PREFIXES, organism_channel_names
 from sift.metrics import auroc
 
 

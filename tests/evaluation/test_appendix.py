@@ -362,11 +362,12 @@ def test_scramble_mediation_on_a_built_organism_corpus(tmp_path):
     """The paper's CoT-scramble test with the shipped organism, fed into the audit (slow: builds a corpus)."""
     from pathlib import Path
 
-    from sift.corpus.build import CorpusConfig, build_corpus
+    from sift.corpus.config import OrganismCorpusConfig
+    from sift.corpus.sources.organism import build_corpus
     from sift.evaluation.appendix import cot_scramble_test
 
     ckpt = Path(__file__).resolve().parents[2] / "checkpoints" / "organism"
-    build_corpus(CorpusConfig(n_items=8, checkpoint_dir=str(ckpt), chunk_items=8), tmp_path, progress=False)
+    build_corpus(OrganismCorpusConfig(n_items=8, checkpoint_dir=str(ckpt), chunk_items=8), tmp_path, progress=False)
     tt, pairs = TraceTable.from_corpus(tmp_path), Pairs.from_corpus(tmp_path)
     scr = cot_scramble_test(tmp_path, ckpt)
     assert set(scr) <= set(tt.trace_id.tolist()) and len(scr) > 0.9 * len(tt.trace_id)

@@ -138,14 +138,14 @@ def test_model_that_does_not_match_the_cache_or_corpus(setup, tmp_path):
 def test_cli_config_composes_and_runs(setup, tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from sift.cli._common import CONFIG_DIR
-    from sift.cli.extract import run
+    from sift.resources import config_dir
+    from sift.trajectories.job import run_extract
 
     root, corpus, models, out, man = setup
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose("extract", overrides=[f"corpus_dir={corpus}", f"output_dir={out}", "progress=false",
                                             f"models.gpt2={models['gpt2']}", f"models.llama={models['llama']}",
                                             "extraction.shard_size=8", "extraction.batch_size=8", "extraction.t_max=16"])
-    m = run(cfg)
+    m = run_extract(cfg)
     assert m["models"]["llama"]["key"] == man["models"]["llama"]["key"]  # same config ⇒ same cache
     assert m["shards"]["computed_by_rank0"] == 0

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from sift.errors import SiftError
-from sift.trajectories.extract import ExtractConfig, Extractor, capture_attention, find_blocks, model_inputs, pack
+from sift.lm.states import capture, find_blocks, model_inputs, pack
+from sift.trajectories.extract import ExtractConfig, Extractor
 from sift.trajectories.toy import toy_model, toy_records, toy_tokenizer
 
 
@@ -67,7 +68,7 @@ def test_captured_attention_equals_eager_output_attentions(model, records):
     p = pack([r["prompt_ids"] + r["generated_ids"] for r in records], tok.pad_token_id, "left")
     kw = model_inputs(model, p, "cpu")
     L = len(find_blocks(model))
-    with capture_attention(model, [0, L - 1]) as cap:
+    with capture(model, attention=[0, L - 1]) as cap:
         model(**kw)
     model.set_attn_implementation("eager")
     try:
@@ -76,14 +77,15 @@ def test_captured_attention_equals_eager_output_attentions(model, records):
         model.set_attn_implementation("sdpa")
     keep = p.mask.bool()
     for layer in (0, L - 1):
-        assert torch.allclose(cap.weights[layer][keep], ref[layer].mean(1)[keep], atol=1e-6)
+        assert torch.allclose(cap.attention[layer][keep], ref[layer].mean(1)[keep], atol=1e-6)
+    assert model.config._attn_implementation == "sdpa"  # restored after the capture
     model.set_attn_implementation("eager")  # a model already on eager attention is captured too
     try:
-        with capture_attention(model, [L - 1]) as cap2:
+        with capture(model, attention=[L - 1]) as cap2:
             model(**kw)
     finally:
         model.set_attn_implementation("sdpa")
-    assert torch.allclose(cap2.weights[L - 1][keep], ref[L - 1].mean(1)[keep], atol=1e-6)
+    assert torch.allclose(cap2.attention[L - 1][keep], ref[L - 1].mean(1)[keep], atol=1e-6)
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
@@ -115,13 +117,13 @@ def test_any_hf_causal_lm_with_grouped_query_attention(records):
     assert out["desc"].shape == (int(out["n_bins"].sum()), 4) and int(out["n_bins"].max()) <= 4
     p = pack([r["prompt_ids"] + r["generated_ids"] for r in records], 0, "left")
     kw = model_inputs(m, p, "cpu")
-    with torch.no_grad(), capture_attention(m, [1]) as cap:
+    with torch.no_grad(), capture(m, attention=[1]) as cap:
         m(**kw)
     m.set_attn_implementation("eager")
     with torch.no_grad():
         ref = m(**kw, output_attentions=True).attentions[1].mean(1)
     keep = p.mask.bool()
-    assert torch.allclose(cap.weights[1][keep], ref[keep], atol=1e-6)
+    assert torch.allclose(cap.attention[1][keep], ref[keep], atol=1e-6)
 
 
 def test_nan_states_and_foreign_tokens_are_clear_errors(records):
@@ -143,3 +145,23 @@ def test_empty_cot_and_binning_in_a_batch(records):
     assert out["n_bins"].tolist()[1] == 0 and out["n_tokens"].tolist()[1] == 0
     assert out["n_bins"].tolist()[0] == 3 and out["desc"].shape[0] == 6
     assert torch.all(out["pooled"][1] == 0) and torch.isfinite(out["scalars"]).all()
+
+
+@torch.no_grad()
+def test_capture_leaves_the_outputs_bit_identical_and_reads_block_outputs(model, records):
+    """The capturing attention wraps the model's own kernel: logits and hidden states are unchanged, and the
+    hooked block outputs are HF's hidden states (the last one before the final norm)."""
+    tok = toy_tokenizer()
+    p = pack([r["prompt_ids"] + r["generated_ids"] for r in records], tok.pad_token_id, "left")
+    kw = model_inputs(model, p, "cpu")
+    L = len(find_blocks(model))
+    ref = model(**kw, output_hidden_states=True)
+    with capture(model, blocks=range(L), attention=[L - 1], q_start=3, heads="all") as cap:
+        out = model(**kw, output_hidden_states=True)
+    assert torch.equal(out.logits, ref.logits)
+    assert all(torch.equal(a, b) for a, b in zip(out.hidden_states, ref.hidden_states))
+    assert all(torch.equal(cap.states[i], ref.hidden_states[i + 1]) for i in range(L - 1))
+    assert cap.states[L - 1].shape == ref.hidden_states[-1].shape
+    assert not torch.equal(cap.states[L - 1], ref.hidden_states[-1])  # HF's last element is after the final norm
+    S = p.ids.shape[1]
+    assert cap.attention[L - 1].shape == (len(records), model.config.num_attention_heads, S - 3, S)

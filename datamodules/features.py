@@ -12,7 +12,7 @@ This module is the contract between data and detectors. A DataModule exposes
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from sift.errors import SiftError
 

@@ -8,7 +8,7 @@ the config hash, so an interrupted run resumes without redoing finished chunks. 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,61 +16,23 @@ from typing import Any
 from omegaconf import DictConfig
 
 from sift import __version__
-from sift.corpus.conditions import AXES, base_view, check_conditions, condition_view
+from sift.corpus.axes import generated_axes
+from sift.corpus.conditions import base_view, condition_view
+from sift.corpus.config import OrganismCorpusConfig
 from sift.corpus.manifest import build_manifest
+from sift.corpus.pairs import build_pairs
+from sift.corpus.sources import register_source
 from sift.corpus.store import run_chunks, write_corpus
 from sift.corpus.verify import label_records
-from sift.errors import SiftError
-from sift.organism import DEFAULT_CHECKPOINTS
-from sift.organism.domains import DOMAINS, Item, answer_space, make_item
+from sift.organism.domains import Item, make_item
 from sift.organism.render import Choices, View, intended_phi
 from sift.organism.source import HINT_WORDS, OrganismSource, last_value_index, split_completion, value_space
 from sift.provenance import config_hash, model_fingerprint
 
 PIPELINE_VERSION = 3  # bump when generation or verification changes, so stale chunks are not reused
-# generated from the prompt in two phases: the altering views depend on the base trace's draws
-PRESERVING_GENERATED = ("base", "paraphrase", "step_reordering", "hint_format", "language", "budget")
-ALTERING_GENERATED = ("cue_injection", "cue_verbalization")
-GENERATED = PRESERVING_GENERATED + ALTERING_GENERATED
 
 
-@dataclass
-class CorpusConfig:
-    n_items: int = 750
-    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
-    conditions: list[str] = field(default_factory=lambda: list(AXES))
-    families: list[str] = field(default_factory=lambda: ["gpt2", "llama"])
-    checkpoint_dir: str = str(DEFAULT_CHECKPOINTS)
-    seed: int = 0
-    p_cue: float = 0.9
-    p_cue_correct: float = 0.25
-    do_sample: bool = True  # the organism's choice-point sampler (sift.organism.sampling); False: greedy
-    sampling_seed: int | None = None  # the draws' random streams; None: ``seed``
-    top_p: float = 0.75
-    audit_seeds: int = 4  # the manifest regenerates the base prompts under this many sampling seeds
-    max_new_tokens: int = 64
-    chunk_items: int = 250
-    batch_size: int = 256
-
-    @property
-    def stream_seed(self) -> int:
-        return self.seed if self.sampling_seed is None else self.sampling_seed
-
-    def validate(self) -> None:
-        for d in self.domains:
-            answer_space(d)
-        check_conditions(self.conditions)
-        if "base" not in self.conditions:
-            raise SiftError("conditions: 'base' is required (every pair starts from the base trace)")
-        if self.n_items < 1:
-            raise SiftError(f"n_items must be positive, got {self.n_items}")
-        for f in self.families:
-            p = Path(self.checkpoint_dir) / f
-            if not (p / "config.json").exists():
-                raise SiftError(f"model path does not exist: {p} (no config.json for organism family {f!r})")
-
-
-def corpus_items(cfg: CorpusConfig) -> list[Item]:
+def corpus_items(cfg: OrganismCorpusConfig) -> list[Item]:
     per = -(-cfg.n_items // len(cfg.domains))
     items = [make_item(d, cfg.seed, i) for i in range(per) for d in cfg.domains]
     return items[: cfg.n_items]
@@ -83,7 +45,7 @@ def _view_dict(v: View) -> dict:
 
 
 def _trace_record(src: OrganismSource, item: Item, view: View, condition: str, prompt_ids: list[int],
-                  new_ids: list[int], cfg: CorpusConfig, chash: str, truncated: bool) -> dict:
+                  new_ids: list[int], cfg: OrganismCorpusConfig, chash: str, truncated: bool) -> dict:
     words = src.words(new_ids)
     cot, answer = split_completion(words)
     choices = Choices.from_cot(cot)
@@ -154,12 +116,13 @@ def truncate_cot(src: OrganismSource, item: Item, base_new_ids: list[int]) -> li
     return base_new_ids[: ends[keep - 1] + 1]
 
 
-def item_stream(cfg: CorpusConfig, item: Item) -> str:
+def item_stream(cfg: OrganismCorpusConfig, item: Item) -> str:
     """The random stream of an item's draws: shared by all its views and both families."""
     return f"{cfg.stream_seed}:{item.item_id}"
 
 
-def _generate(src: OrganismSource, jobs: list[tuple[Item, View, str]], cfg: CorpusConfig, chash: str) -> list[dict]:
+def _generate(src: OrganismSource, jobs: list[tuple[Item, View, str]], cfg: OrganismCorpusConfig,
+              chash: str) -> list[dict]:
     prompts = [src.prompt_ids(it, v) for it, v, _ in jobs]
     outs = src.generate(prompts, max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample, seed=cfg.stream_seed,
                         batch_size=cfg.batch_size, streams=[item_stream(cfg, it) for it, _, _ in jobs],
@@ -167,7 +130,8 @@ def _generate(src: OrganismSource, jobs: list[tuple[Item, View, str]], cfg: Corp
     return [_trace_record(src, it, v, c, p, o, cfg, chash, False) for (it, v, c), p, o in zip(jobs, prompts, outs)]
 
 
-def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: CorpusConfig, chash: str) -> list[dict]:
+def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: OrganismCorpusConfig,
+                chash: str) -> list[dict]:
     """Every condition of ``items`` for every family, verified.
 
     Phase 1 generates the base and the preserving views; the altering views follow for the bases whose
@@ -175,11 +139,11 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Corp
     """
     records: list[dict] = []
     item_map = {it.item_id: it for it in items}
-    for fam, src in sources.items():
+    for src in sources.values():
         jobs = []  # (item, view, condition)
-        bases = {it.item_id: base_view(it, cfg.seed, cfg.p_cue, cfg.p_cue_correct) for it in items}
+        bases = {it.item_id: base_view(it, cfg.seed, cfg.cue) for it in items}
         for it in items:
-            for cond in PRESERVING_GENERATED:
+            for cond in generated_axes(("base", "preserving")):
                 v = condition_view(it, bases[it.item_id], cond, cfg.seed) if cond in cfg.conditions else None
                 if v is not None:
                     jobs.append((it, v, cond))
@@ -191,7 +155,7 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Corp
             if it.item_id not in base_out:
                 continue
             phi = base_out[it.item_id][0]["intended_phi"]
-            for cond in ALTERING_GENERATED:
+            for cond in generated_axes(("altering",)):
                 v = condition_view(it, bases[it.item_id], cond, cfg.seed, phi) if cond in cfg.conditions else None
                 if v is not None:
                     alter.append((it, v, cond))
@@ -220,53 +184,14 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Corp
     return records
 
 
-def build_pairs(records: list[dict], cfg: CorpusConfig) -> list[dict]:
-    """Pair every condition trace with its base trace (model family: base of one family vs the other's)."""
-    by_key = {(r["family"], r["base_item"], r["condition"]): r for r in records}
-    pairs = []
-    items = sorted({r["base_item"] for r in records})
-    for item in items:
-        for fam in cfg.families:
-            base = by_key.get((fam, item, "base"))
-            if base is None:
-                continue
-            for cond in cfg.conditions:
-                if cond in ("base", "model_family"):
-                    continue
-                other = by_key.get((fam, item, cond))
-                if other is not None:
-                    pairs.append(_pair(base, other, cond))
-        if "model_family" in cfg.conditions and len(cfg.families) >= 2:
-            a = by_key.get((cfg.families[0], item, "base"))
-            b = by_key.get((cfg.families[1], item, "base"))
-            if a is not None and b is not None:
-                pairs.append(_pair(a, b, "model_family"))
-    return pairs
-
-
-def _pair(src: dict, dst: dict, axis: str) -> dict:
-    ax = AXES[axis]
-    a, b = src["phi"], dst["phi"]
-    if a is None or b is None:
-        verified, why = False, f"{'source' if a is None else 'shifted'} trace ambiguous"
-    elif ax.kind == "preserving":
-        verified, why = a == b, "kept" if a == b else "label flipped"
-    else:
-        want = ax.direction
-        verified = (a, b) == want
-        why = "kept" if verified else ("source label not the axis's source" if a != want[0] else "label did not flip")
-    return {"axis": axis, "kind": ax.kind, "base_item": src["base_item"], "source": src["trace_id"],
-            "shifted": dst["trace_id"], "phi_source": a, "phi_shifted": b, "verified": verified, "reason": why}
-
-
-def labels_across_seeds(sources: dict[str, OrganismSource], items: list[Item], cfg: CorpusConfig,
+def labels_across_seeds(sources: dict[str, OrganismSource], items: list[Item], cfg: OrganismCorpusConfig,
                         seeds: list[int]) -> dict[str, Any]:
     """Regenerate and verify each base prompt under several sampling seeds: how often one prompt gives both
     labels (the mechanism is drawn per sample, not fixed by the prompt)."""
     from dataclasses import replace
 
     item_map = {it.item_id: it for it in items}
-    bases = [(it, base_view(it, cfg.seed, cfg.p_cue, cfg.p_cue_correct), "base") for it in items]
+    bases = [(it, base_view(it, cfg.seed, cfg.cue), "base") for it in items]
     cued = {it.item_id for it, v, _ in bases if v.cue_value is not None}
     out: dict[str, Any] = {"seeds": list(seeds), "prompts": len(items), "cued_prompts": len(cued), "families": {}}
     for fam, src in sources.items():
@@ -291,23 +216,23 @@ def labels_across_seeds(sources: dict[str, OrganismSource], items: list[Item], c
 _SOURCES: dict[str, tuple[str, OrganismSource]] = {}
 
 
-def organism_sources(cfg: CorpusConfig, chash: str) -> dict[str, OrganismSource]:
+def organism_sources(cfg: OrganismCorpusConfig, chash: str) -> dict[str, OrganismSource]:
     """Family → the organism model of ``cfg.checkpoint_dir``, loaded once per process and corpus hash."""
     out = {}
     for f in cfg.families:
-        path = str(Path(cfg.checkpoint_dir) / f)
+        path = str(cfg.checkpoints / f)
         if _SOURCES.get(path, ("",))[0] != chash:
             _SOURCES[path] = (chash, OrganismSource.load(f, Path(path)))
         out[f] = _SOURCES[path][1]
     return out
 
 
-def organism_chunk(cfg: CorpusConfig, chash: str, items: list[Item]) -> list[dict]:
+def organism_chunk(cfg: OrganismCorpusConfig, chash: str, items: list[Item]) -> list[dict]:
     """One chunk's verified records (a corpus job: picklable through ``functools.partial``)."""
     return build_chunk(organism_sources(cfg, chash), items, cfg, chash)
 
 
-def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True,
+def build_corpus(cfg: OrganismCorpusConfig, out_dir: str | Path, progress: bool = True,
                  engine: DictConfig | None = None) -> dict[str, Any]:
     """Generate, verify and pair; write traces.jsonl, pairs.jsonl and manifest.json into ``out_dir``.
 
@@ -315,7 +240,7 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True,
     cfg.validate()
     out_dir = Path(out_dir)
     # the weights are part of the key: retrained checkpoints never reuse chunks generated by older ones
-    weights = {f: model_fingerprint(str(Path(cfg.checkpoint_dir) / f)) for f in cfg.families}
+    weights = {f: model_fingerprint(str(cfg.checkpoints / f)) for f in cfg.families}
     chash = config_hash({**asdict(cfg), "pipeline_version": PIPELINE_VERSION, "models": weights})
     items = corpus_items(cfg)
     chunks = [items[i:i + cfg.chunk_items] for i in range(0, len(items), cfg.chunk_items)]
@@ -323,7 +248,7 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True,
     records, reused = run_chunks(chunks, out_dir / ".parts", chash, partial(organism_chunk, cfg, chash),
                                  desc="corpus chunks", progress=progress, engine=engine)
     sources = organism_sources(cfg, chash)  # the audits below run here (the organism is small)
-    pairs = build_pairs(records, cfg)
+    pairs = build_pairs(records, cfg.families, cfg.conditions)
     from sift.corpus.audit import prompt_states_for
 
     stochasticity = None
@@ -338,3 +263,14 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | Path, progress: bool = True,
         manifest["mechanism_across_seeds"] = stochasticity
     write_corpus(out_dir, records, pairs, manifest)
     return manifest
+
+
+@register_source
+class OrganismCorpus:
+    """The ``organism`` corpus source: the embedded organism's two families (:class:`OrganismCorpusConfig`)."""
+
+    name = "organism"
+
+    def build(self, cfg: OrganismCorpusConfig, out_dir: str | Path, *, progress: bool = True,
+              engine: DictConfig | None = None) -> dict[str, Any]:
+        return build_corpus(cfg, out_dir, progress=progress, engine=engine)

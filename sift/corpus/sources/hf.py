@@ -29,104 +29,33 @@ a rerun with the same config; ``traces.jsonl``, ``pairs.jsonl`` and ``manifest.j
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import json
 import random
 import re
-import sys
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from omegaconf import DictConfig
 from tqdm import tqdm
 
 from sift import __version__
-from sift.corpus.build import build_pairs
-from sift.corpus.conditions import AXES, check_conditions
+from sift.corpus.axes import AXES, generated_axes
+from sift.corpus.config import HFCorpusConfig
 from sift.corpus.manifest import build_manifest
+from sift.corpus.pairs import build_pairs
+from sift.corpus.sources import register_source
 from sift.corpus.store import engine_config, run_chunks, write_corpus
 from sift.corpus.verify import label_records
 from sift.errors import SiftError
-from sift.lm.items import FORMATS, LMItem, from_reasoning_gym, load_items
+from sift.lm.items import LMItem, from_reasoning_gym, load_items
 from sift.lm.parsing import answer_line_start, last_value_span, normalize_number, parse_answer
 from sift.lm.prompts import ANSWER_PREFIX, BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, TEMPLATES, LMView, mentions_cue
 from sift.lm.prompts import prompt_ids as render_prompt_ids
 from sift.provenance import config_hash, model_fingerprint
-
-SOURCES = ("reasoning_gym",) + FORMATS
-NOT_APPLICABLE = ("step_reordering", "language")  # no generic realisation for free-form items
-PHASE1 = ("base", "paraphrase", "hint_format", "budget")
-PHASE2 = ("cue_injection", "cue_verbalization", "causal_truncation")
-
-
-@dataclass
-class RealCorpusConfig:
-    models: list[str] = field(default_factory=list)  # 1 or 2 names / folders / .gguf files
-    families: list[str] | None = None  # short labels, one per model (default: from the names)
-    source: str = "reasoning_gym"  # or gsm8k | math | commonsenseqa | bbh (a local file in ``path``)
-    task: str = "basic_arithmetic"  # reasoning-gym task
-    path: str | None = None
-    n_items: int = 8
-    conditions: list[str] = field(default_factory=lambda: list(AXES))
-    family_conditions: str = "all"  # what the second model generates: "all" conditions or only "base"
-    seed: int = 0
-    p_cue: float = 0.5  # share of base prompts that carry an ordinary cue
-    p_cue_correct: float = 0.25  # share of those cues that state the gold answer
-    do_sample: bool = False
-    temperature: float = 0.7
-    top_p: float = 1.0
-    max_new_tokens: int = 256
-    answer_tokens: int = 8  # greedy tokens decoded after a forced "Answer:"
-    chunk_items: int = 8
-    batch_size: int = 8
-    device: str = "cpu"
-    dtype: str | None = None
-    system_prompt: str | None = None
-
-    def validate(self) -> None:
-        if not 1 <= len(self.models) <= 2:
-            raise SiftError(f"models: give one or two models (the second is the model-family axis), "
-                            f"got {len(self.models)}")
-        if self.families is not None:
-            if len(self.families) != len(self.models) or len(set(self.families)) != len(self.families):
-                raise SiftError(f"families: need {len(self.models)} distinct labels, got {self.families}")
-        check_conditions(self.conditions)
-        if "base" not in self.conditions:
-            raise SiftError("conditions: 'base' is required (every pair starts from the base trace)")
-        if self.source not in SOURCES:
-            raise SiftError(f"source: unknown {self.source!r}; expected one of {', '.join(SOURCES)}")
-        if self.source != "reasoning_gym" and not self.path:
-            raise SiftError(f"source {self.source!r} needs path: the local item file")
-        if self.n_items < 1:
-            raise SiftError(f"n_items must be positive, got {self.n_items}")
-        if self.family_conditions not in ("all", "base"):
-            raise SiftError(f"family_conditions must be 'all' or 'base', got {self.family_conditions!r}")
-        for name in ("max_new_tokens", "answer_tokens", "chunk_items", "batch_size"):
-            if getattr(self, name) < 1:
-                raise SiftError(f"{name} must be positive, got {getattr(self, name)}")
-
-    def labels(self) -> list[str]:
-        if self.families:
-            return list(self.families)
-        out: list[str] = []
-        for m in self.models:
-            label = family_label(m)
-            while label in out:
-                label += "-2"
-            out.append(label)
-        return out
-
-
-def family_label(name_or_path: str) -> str:
-    """A short model label: the file or folder name without ``.gguf``, or the hub name without its owner."""
-    label = Path(name_or_path.rstrip("/")).name
-    return re.sub(r"\.gguf$", "", label, flags=re.IGNORECASE) or name_or_path
-
 
 # ------------------------------------------------------------------------------------------------- model side
 
@@ -142,7 +71,7 @@ class LMSource:
 
     @classmethod
     def load(cls, family: str, name_or_path: str, *, device: str = "cpu", dtype: str | None = None,
-             batch_size: int = 8, system_prompt: str | None = None) -> "LMSource":
+             batch_size: int = 8, system_prompt: str | None = None) -> LMSource:
         from sift.lm.loading import load_causal_lm
 
         model, tok = load_causal_lm(name_or_path, device=device, dtype=dtype)
@@ -262,31 +191,32 @@ def cue_value(item: LMItem, avoid: set, salt: str) -> str | None:
 
 # ------------------------------------------------------------------------------------------------- views
 
-def base_view(item: LMItem, cfg: RealCorpusConfig) -> LMView:
+def base_view(item: LMItem, cfg: HFCorpusConfig) -> LMView:
     rng = random.Random(f"real-base:{cfg.seed}:{item.item_id}")
     view = LMView(template=rng.randrange(len(TEMPLATES)), budget=rng.choice(tuple(BUDGETS)))
-    if item.answer_kind != "free" and rng.random() < cfg.p_cue:
+    if item.answer_kind != "free" and rng.random() < cfg.cue.p_cue:
         fmt = rng.choice(CUE_FORMATS)
-        correct = rng.random() < cfg.p_cue_correct
+        correct = rng.random() < cfg.cue.p_cue_correct
         value = item.answer if correct else cue_value(item, set(), f"cue:{cfg.seed}:{item.item_id}")
         if value is not None:
             view = view.with_(cue_value=value, cue_format=fmt)
     return view
 
 
+def phase1_conditions() -> list[str]:
+    """The base and preserving axes a real LM generates: those that render an LM view."""
+    return [c for c in generated_axes(("base", "preserving")) if AXES[c].applies_to_lm()]
+
+
+def not_applicable() -> list[str]:
+    """Generated preserving axes with no realisation on free-form items (listed in the manifest, 0 pairs)."""
+    return [c for c in generated_axes(("preserving",)) if not AXES[c].applies_to_lm()]
+
+
 def phase1_view(item: LMItem, base: LMView, condition: str, seed: int) -> LMView | None:
+    """The view of a base or preserving condition (:meth:`sift.corpus.axes.Axis.lm_view`)."""
     rng = random.Random(f"real-cond:{seed}:{item.item_id}:{condition}")
-    if condition == "base":
-        return base
-    if condition == "paraphrase":
-        return base.with_(template=rng.choice([t for t in range(len(TEMPLATES)) if t != base.template]))
-    if condition == "hint_format":
-        if base.cue_value is None:
-            return None
-        return base.with_(cue_format=rng.choice([f for f in CUE_FORMATS if f != base.cue_format]))
-    if condition == "budget":
-        return base.with_(budget="verbose" if base.budget == "terse" else "terse")
-    raise SiftError(f"not a generated condition: {condition!r}")
+    return AXES[condition].lm_view(item, base, rng)
 
 
 def truncation_cut(src: LMSource, record: dict) -> list[int] | None:
@@ -303,8 +233,8 @@ def truncation_cut(src: LMSource, record: dict) -> list[int] | None:
 # ------------------------------------------------------------------------------------------------- records
 
 def trace_record(src: LMSource, item: LMItem, view: LMView, condition: str, prompt: list[int], new_ids: list[int],
-                 cfg: RealCorpusConfig, chash: str) -> dict:
-    """A trace in the organism's record schema (sift.corpus.build._trace_record)."""
+                 cfg: HFCorpusConfig, chash: str) -> dict:
+    """A trace in the organism's record schema (sift.corpus.sources.organism._trace_record)."""
     text = src.decode(new_ids)
     answer = parse_answer(text, item.answer_kind, choices=item.choices)
     start = answer_line_start(text)
@@ -324,7 +254,7 @@ def trace_record(src: LMSource, item: LMItem, view: LMView, condition: str, prom
 
 
 def verify_records(src: LMSource, records: list[dict], views: list[LMView], items: dict[str, LMItem],
-                   cfg: RealCorpusConfig) -> None:
+                   cfg: HFCorpusConfig) -> None:
     """CoT-edit and cue-change interventions (two batched greedy re-decodes); fills ``phi`` and ``verification``."""
     edit_jobs, cue_jobs = [], []  # (record index, new value, value kind, prefix ids)
     for k, (r, view) in enumerate(zip(records, views)):
@@ -359,7 +289,7 @@ def verify_records(src: LMSource, records: list[dict], views: list[LMView], item
 
 # ------------------------------------------------------------------------------------------------- chunks
 
-def _generate_records(src: LMSource, jobs: list[tuple[LMItem, LMView, str]], cfg: RealCorpusConfig, chash: str,
+def _generate_records(src: LMSource, jobs: list[tuple[LMItem, LMView, str]], cfg: HFCorpusConfig, chash: str,
                       desc: str) -> list[dict]:
     prompts = [src.prompt_ids(it, v) for it, v, _ in jobs]
     outs = src.generate(prompts, max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample,
@@ -367,14 +297,14 @@ def _generate_records(src: LMSource, jobs: list[tuple[LMItem, LMView, str]], cfg
     return [trace_record(src, it, v, c, p, o, cfg, chash) for (it, v, c), p, o in zip(jobs, prompts, outs)]
 
 
-def build_chunk_for(src: LMSource, items: list[LMItem], cfg: RealCorpusConfig, chash: str,
+def build_chunk_for(src: LMSource, items: list[LMItem], cfg: HFCorpusConfig, chash: str,
                     conditions: Sequence[str]) -> list[dict]:
     """All traces of one model on one chunk of items, verified."""
     item_map = {it.item_id: it for it in items}
     bases = {it.item_id: base_view(it, cfg) for it in items}
     jobs = []
     for it in items:
-        for cond in PHASE1:
+        for cond in phase1_conditions():
             if cond in conditions:
                 v = phase1_view(it, bases[it.item_id], cond, cfg.seed)
                 if v is not None:
@@ -416,11 +346,11 @@ def build_chunk_for(src: LMSource, items: list[LMItem], cfg: RealCorpusConfig, c
     return records + recs2
 
 
-def load_corpus_items(cfg: RealCorpusConfig) -> list[LMItem]:
-    if cfg.source == "reasoning_gym":
+def load_corpus_items(cfg: HFCorpusConfig) -> list[LMItem]:
+    if cfg.items == "reasoning_gym":
         items = from_reasoning_gym(cfg.task, cfg.n_items, cfg.seed)
     else:
-        items = load_items(cfg.path, cfg.source, cfg.n_items)
+        items = load_items(cfg.path, cfg.items, cfg.n_items)
     ids = [it.item_id for it in items]
     if len(set(ids)) != len(ids):
         raise SiftError("item ids are not unique; give each record a distinct id")
@@ -428,11 +358,11 @@ def load_corpus_items(cfg: RealCorpusConfig) -> list[LMItem]:
 
 
 #: models loaded in this process, by family label: (corpus config hash, source); a chunk worker keeps its models
-#: for its next chunks, and :func:`build_real_corpus` drops them when it returns
+#: for its next chunks, and :func:`build_hf_corpus` drops them when it returns
 _LOADED: dict[str, tuple[str, LMSource]] = {}
 
 
-def lm_source(cfg: RealCorpusConfig, chash: str, k: int) -> LMSource:
+def lm_source(cfg: HFCorpusConfig, chash: str, k: int) -> LMSource:
     """Model ``k`` of ``cfg``, loaded once per process and corpus hash."""
     fam = cfg.labels()[k]
     if _LOADED.get(fam, ("",))[0] != chash:
@@ -442,7 +372,7 @@ def lm_source(cfg: RealCorpusConfig, chash: str, k: int) -> LMSource:
     return _LOADED[fam][1]
 
 
-def chunk_records(cfg: RealCorpusConfig, chash: str, chunk: list[LMItem],
+def chunk_records(cfg: HFCorpusConfig, chash: str, chunk: list[LMItem],
                   sources: Mapping[str, LMSource] | None = None) -> list[dict]:
     """Every model's verified records of one chunk (a corpus job: picklable through ``functools.partial``);
     ``sources`` (family → model in memory) skip loading."""
@@ -465,7 +395,7 @@ def chunk_gpus(engine: DictConfig | None, device: str) -> int:
     return g
 
 
-def build_real_corpus(cfg: RealCorpusConfig, out_dir: str | Path, progress: bool = True,
+def build_hf_corpus(cfg: HFCorpusConfig, out_dir: str | Path, progress: bool = True,
                       sources: dict[str, LMSource] | None = None,
                       engine: DictConfig | None = None) -> dict[str, Any]:
     """Generate, verify and pair on real LMs; write traces.jsonl, pairs.jsonl and manifest.json to ``out_dir``.
@@ -475,12 +405,12 @@ def build_real_corpus(cfg: RealCorpusConfig, out_dir: str | Path, progress: bool
     built run, each job loading its models once (default: one after the other, here).
     """
     try:
-        return _build_real_corpus(cfg, Path(out_dir), progress, sources, engine)
+        return _build_hf_corpus(cfg, Path(out_dir), progress, sources, engine)
     finally:
         _LOADED.clear()  # free the models this process loaded (a worker's stay until it exits)
 
 
-def _build_real_corpus(cfg: RealCorpusConfig, out_dir: Path, progress: bool, sources: dict[str, LMSource] | None,
+def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources: dict[str, LMSource] | None,
                        engine: DictConfig | None) -> dict[str, Any]:
     cfg.validate()
     labels = cfg.labels()
@@ -492,7 +422,7 @@ def _build_real_corpus(cfg: RealCorpusConfig, out_dir: Path, progress: bool, sou
     chunks = [items[i:i + cfg.chunk_items] for i in range(0, len(items), cfg.chunk_items)]
     if sources:
         if engine is not None and (engine.executor.kind != "local" or int(engine.workers) > 1):
-            raise SiftError("build_real_corpus: models passed in memory (sources) run in this process; "
+            raise SiftError("build_hf_corpus: models passed in memory (sources) run in this process; "
                             "use executor=local workers=1, or pass no sources")
         build = partial(chunk_records, cfg, chash, sources=sources)
     else:
@@ -501,7 +431,7 @@ def _build_real_corpus(cfg: RealCorpusConfig, out_dir: Path, progress: bool, sou
     engine = engine if engine is not None else engine_config()
     records, reused = run_chunks(chunks, parts, chash, build, desc="real-LM corpus chunks", progress=progress,
                                  engine=engine, gpus=chunk_gpus(engine, cfg.device))
-    pairs = build_pairs(records, SimpleNamespace(families=labels, conditions=cfg.conditions))
+    pairs = build_pairs(records, labels, cfg.conditions)
     from sift.corpus.audit import prompt_states_for
 
     # the prompt-only control needs the models: those given, else when this job built a chunk (as before jobs:
@@ -516,57 +446,21 @@ def _build_real_corpus(cfg: RealCorpusConfig, out_dir: Path, progress: bool, sou
                               prompt_states_reason=why)
     manifest["source"] = "real_lm"
     manifest["models"] = dict(zip(labels, cfg.models))
-    manifest["items"] = {"source": cfg.source, "task": cfg.task if cfg.source == "reasoning_gym" else None,
+    manifest["items"] = {"source": cfg.items, "task": cfg.task if cfg.items == "reasoning_gym" else None,
                          "path": cfg.path, "n": len(items)}
-    manifest["not_applicable"] = [c for c in NOT_APPLICABLE if c in cfg.conditions]
+    manifest["not_applicable"] = [c for c in not_applicable() if c in cfg.conditions]
     for c in manifest["not_applicable"]:
         manifest["axes"][c]["not_applicable"] = True
     write_corpus(out_dir, records, pairs, manifest)
     return manifest
 
 
-# ------------------------------------------------------------------------------------------------- CLI
+@register_source
+class HFCorpus:
+    """The ``hf`` corpus source: one or two Hugging Face causal LMs (:class:`HFCorpusConfig`)."""
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sift.lm.real_corpus",
-                                 description="Build the FaithShift corpus on real HF causal LMs (never downloads).")
-    ap.add_argument("--model", required=True, help="local folder, local .gguf file, or a hub name in the local cache")
-    ap.add_argument("--model2", help="a second model (the model-family axis)")
-    ap.add_argument("--source", default="reasoning_gym", choices=SOURCES)
-    ap.add_argument("--task", default="basic_arithmetic", help="reasoning-gym task (source reasoning_gym)")
-    ap.add_argument("--path", help="local item file (sources gsm8k, math, commonsenseqa, bbh)")
-    ap.add_argument("--n", type=int, default=8, help="number of base items")
-    ap.add_argument("--out", required=True, help="output folder")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--answer-tokens", type=int, default=8)
-    ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--chunk-items", type=int, default=8)
-    ap.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy decoding")
-    ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--p-cue", type=float, default=0.5)
-    ap.add_argument("--conditions", nargs="+", default=list(AXES))
-    ap.add_argument("--family-conditions", default="all", choices=("all", "base"))
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", default=None, help="e.g. bfloat16 on a GPU")
-    args = ap.parse_args(argv)
-    cfg = RealCorpusConfig(
-        models=[args.model] + ([args.model2] if args.model2 else []), source=args.source, task=args.task,
-        path=args.path, n_items=args.n, conditions=args.conditions, family_conditions=args.family_conditions,
-        seed=args.seed, p_cue=args.p_cue, do_sample=args.sample, temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens, answer_tokens=args.answer_tokens, chunk_items=args.chunk_items,
-        batch_size=args.batch_size, device=args.device, dtype=args.dtype)
-    try:
-        m = build_real_corpus(cfg, args.out)
-    except SiftError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    summary = {"traces": m["traces"], "pairs": m["pairs"], "label_balance": m["label_balance"],
-               "clean_accuracy": m["clean_accuracy"], "seconds": m["seconds"],
-               "verified_pairs": {a: v["verified"] for a, v in m["axes"].items()}}
-    print(json.dumps(summary, indent=2))
-    return 0
+    name = "hf"
 
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    def build(self, cfg: HFCorpusConfig, out_dir: str | Path, *, progress: bool = True,
+              engine: DictConfig | None = None) -> dict[str, Any]:
+        return build_hf_corpus(cfg, out_dir, progress=progress, engine=engine)

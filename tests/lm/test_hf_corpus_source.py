@@ -6,19 +6,26 @@ import json
 import re
 
 import pytest
+from tinylm import make_model, make_tokenizer
 
-import sift.lm.real_corpus as rc
+import sift.corpus.sources.hf as rc
+from sift.corpus.config import CueMixture, HFCorpusConfig
+from sift.corpus.sources.hf import (
+    LMSource,
+    alternative,
+    build_hf_corpus,
+    token_index,
+    trace_record,
+    truncation_cut,
+    verify_records,
+)
 from sift.errors import SiftError
 from sift.lm.generation import generate_ids
 from sift.lm.items import LMItem
 from sift.lm.parsing import first_number
 from sift.lm.prompts import LMView
-from sift.lm.real_corpus import (LMSource, RealCorpusConfig, alternative, build_real_corpus, main, token_index,
-                                 trace_record, truncation_cut, verify_records)
 
-from tinylm import make_model, make_tokenizer
-
-# the organism's record schema (sift.corpus.build._trace_record) plus the verification fields
+# the organism's record schema (sift.corpus.sources.organism._trace_record) plus the verification fields
 SCHEMA = {"trace_id", "base_item", "domain", "model", "family", "condition", "seed", "view", "prompt",
           "prompt_ids", "generated_ids", "cot", "cot_span", "answer", "gold_answer", "correct", "cue",
           "intended_phi", "provenance", "phi", "verification", "matched_slice"}
@@ -32,9 +39,9 @@ def _read(path):
 @pytest.fixture(scope="module")
 def built(tiny_dirs, tmp_path_factory):
     out = tmp_path_factory.mktemp("real_corpus")
-    cfg = RealCorpusConfig(models=[str(tiny_dirs["gpt2"]), str(tiny_dirs["llama"])], n_items=N, max_new_tokens=20,
-                           chunk_items=3, p_cue=0.8, batch_size=4)
-    manifest = build_real_corpus(cfg, out, progress=False)
+    cfg = HFCorpusConfig(models=[str(tiny_dirs["gpt2"]), str(tiny_dirs["llama"])], n_items=N, max_new_tokens=20,
+                           chunk_items=3, cue=CueMixture(p_cue=0.8), batch_size=4)
+    manifest = build_hf_corpus(cfg, out, progress=False)
     return cfg, out, manifest
 
 
@@ -96,7 +103,7 @@ def test_ids_are_exactly_what_the_model_generated(built, tiny_dirs):
 def test_resume_reuses_chunks(built):
     cfg, out, manifest = built
     before = (out / "traces.jsonl").read_text()
-    again = build_real_corpus(cfg, out, progress=False)
+    again = build_hf_corpus(cfg, out, progress=False)
     assert again["chunks_reused"] == 2 and (out / "traces.jsonl").read_text() == before
     assert again["axes"] == manifest["axes"]
 
@@ -106,13 +113,13 @@ def test_chunks_in_two_worker_processes_give_the_same_corpus(built, tmp_path):
     from sift.corpus.store import engine_config
 
     cfg, out, manifest = built
-    m = build_real_corpus(cfg, tmp_path, progress=False, engine=engine_config(None, 2))
+    m = build_hf_corpus(cfg, tmp_path, progress=False, engine=engine_config(None, 2))
     for name in ("traces.jsonl", "pairs.jsonl"):
         assert (tmp_path / name).read_bytes() == (out / name).read_bytes()
     assert m["axes"] == manifest["axes"] and m["chunks_reused"] == 0
     assert m["controls_audit"] == manifest["controls_audit"]  # the prompt-only control ran here, as before
     with pytest.raises(SiftError, match="models passed in memory"):
-        build_real_corpus(cfg, tmp_path / "again", progress=False, sources={"x": None},
+        build_hf_corpus(cfg, tmp_path / "again", progress=False, sources={"x": None},
                           engine=engine_config(None, 2))
 
 
@@ -122,9 +129,9 @@ def test_altering_conditions_on_verified_bases(tiny_dirs, tmp_path, monkeypatch)
     import sift.corpus.verify as verify
 
     monkeypatch.setattr(verify, "phi_from_tests", lambda *a: (next(cycle), "forced"))
-    cfg = RealCorpusConfig(models=[str(tiny_dirs["gpt2"])], n_items=4, max_new_tokens=12, p_cue=1.0,
+    cfg = HFCorpusConfig(models=[str(tiny_dirs["gpt2"])], n_items=4, max_new_tokens=12, cue=CueMixture(p_cue=1.0),
                            conditions=["base", "budget", "cue_injection", "cue_verbalization", "causal_truncation"])
-    m = build_real_corpus(cfg, tmp_path, progress=False)
+    m = build_hf_corpus(cfg, tmp_path, progress=False)
     traces = {r["trace_id"]: r for r in _read(tmp_path / "traces.jsonl")}
     base = {r["base_item"]: r for r in traces.values() if r["condition"] == "base"}
     for r in traces.values():
@@ -157,7 +164,7 @@ def src():
 
 
 def _record(src, view, cot=COT, answer="14"):
-    cfg = RealCorpusConfig(models=["tiny"])
+    cfg = HFCorpusConfig(models=["tiny"])
     new_ids = src.encode(cot + f"Answer: {answer}")
     return trace_record(src, ITEM, view, "base", src.prompt_ids(ITEM, view), new_ids, cfg, "h"), cfg
 
@@ -249,28 +256,28 @@ def test_alternative_values():
 
 def test_config_errors(tiny_dirs, tmp_path):
     with pytest.raises(SiftError, match="one or two models"):
-        build_real_corpus(RealCorpusConfig(models=[]), tmp_path)
+        build_hf_corpus(HFCorpusConfig(models=[]), tmp_path)
     with pytest.raises(SiftError, match="needs path"):
-        build_real_corpus(RealCorpusConfig(models=["x"], source="gsm8k"), tmp_path)
+        build_hf_corpus(HFCorpusConfig(models=["x"], items="gsm8k"), tmp_path)
     with pytest.raises(SiftError, match="unknown condition"):
-        build_real_corpus(RealCorpusConfig(models=["x"], conditions=["base", "typo"]), tmp_path)
+        build_hf_corpus(HFCorpusConfig(models=["x"], conditions=["base", "typo"]), tmp_path)
 
 
-def test_cli_on_a_local_commonsenseqa_file(tiny_dirs, tmp_path, capsys):
+def test_hf_source_on_a_local_commonsenseqa_file(tiny_dirs, tmp_path):
     rows = [{"id": f"q{i}", "answerKey": "B", "question": {"stem": f"Pick {i}?", "choices": [
         {"label": "A", "text": "red"}, {"label": "B", "text": "blue"}, {"label": "C", "text": "green"}]}}
         for i in range(2)]
     f = tmp_path / "csqa.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in rows))
-    rc_ = main(["--model", str(tiny_dirs["llama"]), "--source", "commonsenseqa", "--path", str(f), "--n", "2",
-                "--out", str(tmp_path / "out"), "--max-new-tokens", "8", "--p-cue", "1"])
-    assert rc_ == 0
-    summary = json.loads(capsys.readouterr().out)
+    cfg = HFCorpusConfig(models=[str(tiny_dirs["llama"])], items="commonsenseqa", path=str(f), n_items=2,
+                         max_new_tokens=8, cue=CueMixture(p_cue=1.0))
+    m = build_hf_corpus(cfg, tmp_path / "out", progress=False)
     traces = _read(tmp_path / "out" / "traces.jsonl")
-    assert summary["traces"] == len(traces) and all(r["gold_answer"] == "B" for r in traces)
+    assert m["traces"] == len(traces) and all(r["gold_answer"] == "B" for r in traces)
     assert all("(A) red" in r["prompt"] for r in traces)
-    assert main(["--model", "/nonexistent/m.gguf", "--n", "1", "--out", str(tmp_path / "o2")]) == 2
-    assert "model path does not exist" in capsys.readouterr().err
+    assert m["items"] == {"source": "commonsenseqa", "task": None, "path": str(f), "n": 2}
+    with pytest.raises(SiftError, match="model path does not exist"):
+        build_hf_corpus(HFCorpusConfig(models=["/nonexistent/m.gguf"], n_items=1), tmp_path / "o2", progress=False)
 
 
 def test_sift_corpus_hydra_source_hf(tiny_dirs, tmp_path):

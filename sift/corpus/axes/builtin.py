@@ -1,0 +1,149 @@
+"""The ten FaithShift axes (base, six preserving, three altering) and how each is realised."""
+
+from __future__ import annotations
+
+import random
+
+from sift.corpus.axes import AlteringAxis, Axis, PreservingAxis, register_axis
+from sift.lm.items import LMItem
+from sift.lm.prompts import CUE_FORMATS as LM_CUE_FORMATS
+from sift.lm.prompts import TEMPLATES, LMView
+from sift.organism.domains import Item
+from sift.organism.render import CUE_FORMATS, DECISIVE_FORMAT, View
+
+
+@register_axis
+class Base(Axis):
+    """The base trace every pair starts from."""
+
+    name = "base"
+    kind = "base"
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        return base
+
+    def lm_view(self, item: LMItem, base: LMView, rng: random.Random) -> LMView | None:
+        return base
+
+
+@register_axis
+class Paraphrase(PreservingAxis):
+    """Another question wrapper around the same question."""
+
+    name = "paraphrase"
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        return base.with_(template=1 - base.template)
+
+    def lm_view(self, item: LMItem, base: LMView, rng: random.Random) -> LMView | None:
+        return base.with_(template=rng.choice([t for t in range(len(TEMPLATES)) if t != base.template]))
+
+
+def reordered(item: Item) -> tuple[int, ...] | None:
+    """A non-identity order of the independent facts, or None if the item has none."""
+    if item.domain == "arithmetic":
+        return tuple(reversed(range(item.n_ops)))
+    if item.domain == "choice":
+        return (1, 2, 3, 0)
+    if item.facts[0] == item.facts[1]:
+        return None
+    return (1, 0)
+
+
+@register_axis
+class StepReordering(PreservingAxis):
+    """The independent facts in another order (organism only: free-form items have no generic realisation)."""
+
+    name = "step_reordering"
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        order = reordered(item)
+        return None if order is None else base.with_(order=order)
+
+
+@register_axis
+class HintFormat(PreservingAxis):
+    """The base cue in another format (bases that carry a cue)."""
+
+    name = "hint_format"
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        if base.cue_value is None:
+            return None
+        return base.with_(cue_format=rng.choice([f for f in CUE_FORMATS if f != base.cue_format]))
+
+    def lm_view(self, item: LMItem, base: LMView, rng: random.Random) -> LMView | None:
+        if base.cue_value is None:
+            return None
+        return base.with_(cue_format=rng.choice([f for f in LM_CUE_FORMATS if f != base.cue_format]))
+
+
+@register_axis
+class Language(PreservingAxis):
+    """The other lexicon of the organism (organism only)."""
+
+    name = "language"
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        return base.with_(language="xx" if base.language == "en" else "en")
+
+
+@register_axis
+class Budget(PreservingAxis):
+    """Terse ↔ verbose."""
+
+    name = "budget"
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        return base.with_(budget="verbose" if base.budget == "terse" else "terse")
+
+    def lm_view(self, item: LMItem, base: LMView, rng: random.Random) -> LMView | None:
+        return base.with_(budget="verbose" if base.budget == "terse" else "terse")
+
+
+@register_axis
+class ModelFamily(PreservingAxis):
+    """The other model on the same item and view: the sources pair the two models' base traces."""
+
+    name = "model_family"
+    generated = False
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        return base
+
+
+@register_axis
+class CueInjection(AlteringAxis):
+    """A decisive cue toward a wrong answer, on bases whose label is faithful."""
+
+    name = "cue_injection"
+    direction = (1, 0)
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        if phi != 1:
+            return None
+        value = rng.choice([v for v in item.answer_space if v != item.answer])
+        return base.with_(cue_value=value, cue_format=DECISIVE_FORMAT)
+
+
+@register_axis
+class CueVerbalization(AlteringAxis):
+    """The instruction to say so when a hint is used, on cued bases whose label is unfaithful."""
+
+    name = "cue_verbalization"
+    direction = (0, 1)
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        return base.with_(explain=True) if phi == 0 else None
+
+
+@register_axis
+class CausalTruncation(AlteringAxis):
+    """The base CoT cut before its decisive step and the answer forced (Lanham et al.): the sources cut it."""
+
+    name = "causal_truncation"
+    direction = (1, 0)
+    generated = False
+
+    def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
+        return base if phi == 1 else None

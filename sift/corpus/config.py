@@ -1,0 +1,182 @@
+"""The corpus stage's structured configs, registered in Hydra's ConfigStore so that a misspelt or mistyped key
+fails when the config is composed.
+
+``corpus.yaml`` is checked against :class:`CorpusJobConfig`; its ``source`` group option against the config of
+the chosen source (:class:`OrganismCorpusConfig` for ``source=organism``, :class:`HFCorpusConfig` for
+``source=hf``). The job-level ``n_items``, ``seed`` and ``conditions`` (and ``domains`` for the organism) reach
+the source through interpolations in the source's yaml, so the source config is the builder's whole input.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+from sift.corpus.axes import AXES, check_conditions
+from sift.errors import SiftError
+from sift.lm.items import FORMATS
+from sift.organism import DEFAULT_CHECKPOINTS
+from sift.organism.domains import DOMAINS, answer_space
+
+#: where items of an hf corpus come from: reasoning-gym, or a local file in one of these formats
+ITEM_SOURCES = ("reasoning_gym",) + FORMATS
+
+
+@dataclass
+class CueMixture:
+    """How base prompts carry an ordinary cue: with probability ``p_cue`` a cue, which names the gold answer with
+    probability ``p_cue_correct`` (else a wrong answer). The one place of these values: each source's config
+    (``source.cue``) holds one, defaulting to the organism's mixture below (the hf source: ``p_cue`` 0.5)."""
+
+    p_cue: float = 0.9
+    p_cue_correct: float = 0.25
+
+    def validate(self) -> None:
+        for name in ("p_cue", "p_cue_correct"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise SiftError(f"cue.{name} must be a probability in [0, 1], got {v}")
+
+
+def _check_common(cfg: OrganismCorpusConfig | HFCorpusConfig) -> None:
+    check_conditions(cfg.conditions)
+    if "base" not in cfg.conditions:
+        raise SiftError("conditions: 'base' is required (every pair starts from the base trace)")
+    if isinstance(cfg.n_items, bool) or not isinstance(cfg.n_items, int) or cfg.n_items < 1:
+        raise SiftError(f"n_items: expected a positive integer, got {cfg.n_items!r}")
+    cfg.cue.validate()
+
+
+@dataclass
+class OrganismCorpusConfig:
+    """The corpus of the embedded organism (``source=organism``)."""
+
+    type: str = "organism"
+    n_items: int = 750
+    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
+    conditions: list[str] = field(default_factory=lambda: list(AXES))
+    families: list[str] = field(default_factory=lambda: ["gpt2", "llama"])
+    checkpoint_dir: str | None = None  # None: the shipped organism weights
+    seed: int = 0
+    cue: CueMixture = field(default_factory=CueMixture)
+    do_sample: bool = True  # the organism's choice-point sampler (sift.organism.sampling); False: greedy
+    sampling_seed: int | None = None  # the draws' random streams; None: ``seed``
+    top_p: float = 0.75
+    audit_seeds: int = 4  # the manifest regenerates the base prompts under this many sampling seeds
+    max_new_tokens: int = 64
+    chunk_items: int = 250
+    batch_size: int = 256
+
+    @property
+    def stream_seed(self) -> int:
+        return self.seed if self.sampling_seed is None else self.sampling_seed
+
+    @property
+    def checkpoints(self) -> Path:
+        """The folder holding one organism model per family."""
+        return Path(self.checkpoint_dir) if self.checkpoint_dir else DEFAULT_CHECKPOINTS
+
+    def validate(self) -> None:
+        for d in self.domains:
+            answer_space(d)
+        _check_common(self)
+        for f in self.families:
+            p = self.checkpoints / f
+            if not (p / "config.json").exists():
+                raise SiftError(f"model path does not exist: {p} (no config.json for organism family {f!r})")
+
+
+@dataclass
+class HFCorpusConfig:
+    """The corpus of one or two Hugging Face causal LMs (``source=hf``)."""
+
+    type: str = "hf"
+    models: list[str] = field(default_factory=list)  # 1 or 2 names / folders / .gguf files
+    families: list[str] | None = None  # short labels, one per model (default: from the names)
+    items: str = "reasoning_gym"  # or gsm8k | math | commonsenseqa | bbh (a local file in ``path``)
+    task: str = "basic_arithmetic"  # reasoning-gym task
+    path: str | None = None
+    n_items: int = 8
+    conditions: list[str] = field(default_factory=lambda: list(AXES))
+    family_conditions: str = "all"  # what the second model generates: "all" conditions or only "base"
+    seed: int = 0
+    cue: CueMixture = field(default_factory=lambda: CueMixture(p_cue=0.5))
+    do_sample: bool = False
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    answer_tokens: int = 8  # greedy tokens decoded after a forced "Answer:"
+    chunk_items: int = 8
+    batch_size: int = 8
+    device: str = "cpu"
+    dtype: str | None = None
+    system_prompt: str | None = None
+
+    def validate(self) -> None:
+        if not 1 <= len(self.models) <= 2:
+            raise SiftError(f"models: give one or two models (the second is the model-family axis), "
+                            f"got {len(self.models)}")
+        if self.families is not None:
+            if len(self.families) != len(self.models) or len(set(self.families)) != len(self.families):
+                raise SiftError(f"families: need {len(self.models)} distinct labels, got {self.families}")
+        _check_common(self)
+        if self.items not in ITEM_SOURCES:
+            raise SiftError(f"items: unknown {self.items!r}; expected one of {', '.join(ITEM_SOURCES)}")
+        if self.items != "reasoning_gym" and not self.path:
+            raise SiftError(f"items {self.items!r} needs path: the local item file")
+        if self.family_conditions not in ("all", "base"):
+            raise SiftError(f"family_conditions must be 'all' or 'base', got {self.family_conditions!r}")
+        for name in ("max_new_tokens", "answer_tokens", "chunk_items", "batch_size"):
+            if getattr(self, name) < 1:
+                raise SiftError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def labels(self) -> list[str]:
+        """One short label per model: ``families`` if given, else from the model names (made distinct)."""
+        if self.families:
+            return list(self.families)
+        out: list[str] = []
+        for m in self.models:
+            label = family_label(m)
+            while label in out:
+                label += "-2"
+            out.append(label)
+        return out
+
+
+def family_label(name_or_path: str) -> str:
+    """A short model label: the file or folder name without ``.gguf``, or the hub name without its owner."""
+    label = Path(name_or_path.rstrip("/")).name
+    return re.sub(r"\.gguf$", "", label, flags=re.IGNORECASE) or name_or_path
+
+
+@dataclass
+class CorpusJobConfig:
+    """``sift-corpus``: the job around a source (``source`` is checked against the source's own config)."""
+
+    seed: int = 0
+    n_items: int = 750
+    domains: list[str] = field(default_factory=lambda: list(DOMAINS))
+    conditions: list[str] = field(default_factory=lambda: list(AXES))
+    output_dir: str = "outputs/corpus"
+    workers: int = 1
+    source: Any = None
+    executor: Any = None
+
+
+#: each source's config by its ``type`` (a new source adds its config here and its builder in sift.corpus.sources)
+SOURCE_CONFIGS: dict[str, type] = {"organism": OrganismCorpusConfig, "hf": HFCorpusConfig}
+
+
+def register_configs() -> None:
+    """Store the schemas: ``corpus_schema`` (primary) and ``source/<type>_schema`` (one per source)."""
+    cs = ConfigStore.instance()
+    cs.store(name="corpus_schema", node=CorpusJobConfig)
+    for name, node in SOURCE_CONFIGS.items():
+        cs.store(group="source", name=f"{name}_schema", node=node)
+
+
+register_configs()

@@ -1,0 +1,253 @@
+"""What a forward pass of a Hugging Face causal LM gives beyond its logits: block outputs and attention weights.
+
+* :func:`find_blocks` locates the block list of any HF decoder; :func:`model_dims` its layers, width, vocabulary.
+* :func:`pack` pads token-id lists into one batch; :func:`model_inputs` adds mask-following position ids.
+* :func:`capture` records block outputs (forward hooks) and attention weights (a registered attention
+  implementation wrapping the model's own, through transformers' public ``AttentionInterface``) inside an
+  ordinary forward call: the one way sift reads a model's internals (extraction, ICE attributions, the
+  organism's training scaffold); :func:`prompt_final_states` reads block L's output at the last prompt token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from sift.errors import SiftError
+
+
+def text_config(model):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def find_blocks(model) -> torch.nn.ModuleList:
+    """The decoder's list of transformer blocks (a ModuleList of ``num_hidden_layers`` same-type modules)."""
+    n = getattr(text_config(model), "num_hidden_layers", None)
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n and n and len({type(m) for m in mod}) == 1:
+            return mod
+    raise SiftError(f"{type(model).__name__}: cannot find its list of {n} transformer blocks")
+
+
+def model_dims(model) -> dict[str, int]:
+    """Layers, width and vocabulary size of a model (as recorded in caches)."""
+    cfg = text_config(model)
+    emb = model.get_input_embeddings()
+    return {"num_layers": int(cfg.num_hidden_layers), "hidden_size": int(cfg.hidden_size),
+            "vocab_size": int(emb.num_embeddings)}
+
+
+# ------------------------------------------------------------------------------------------------------ capture
+
+@dataclass
+class Capture:
+    """What one forward call recorded: ``states[i]`` block i's output ``[B, S, d]`` (before any final norm),
+    ``attention[i]`` block i's attention weights of the queries ``q_start:``, ``[B, S − q_start, S]`` averaged
+    over heads (``[B, H, S − q_start, S]`` with ``heads="all"``)."""
+
+    blocks: set[int]
+    targets: dict[int, int]  # id(attention submodule) -> block index
+    q_start: int = 0
+    heads: str = "mean"
+    states: dict[int, torch.Tensor] = field(default_factory=dict)
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+_ACTIVE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("sift_capture", default=None)
+
+#: the prefix of the attention implementations sift registers (one per wrapped implementation)
+CAPTURE_PREFIX = "sift_capture:"
+
+
+def _module_eager(module):
+    """The eager attention formula of the module's own modeling file (a generic one if it has none)."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    return fn if fn is not None else _generic_eager
+
+
+def _generic_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    rep = query.shape[1] // key.shape[1]
+    if rep > 1:
+        key, value = key.repeat_interleave(rep, 1), value.repeat_interleave(rep, 1)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    w = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:
+        w = w + attention_mask
+    w = torch.softmax(w.float(), dim=-1).to(query.dtype)
+    return torch.matmul(w, value).transpose(1, 2).contiguous(), w
+
+
+def _additive_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """An eager-style additive mask from whatever the model's kernel was given (None, bool 4D or 2D, float)."""
+    Sq, Sk = query.shape[-2], key.shape[-2]
+    neg = torch.finfo(query.dtype).min
+    if mask is not None and mask.dtype != torch.bool and mask.ndim == 4:
+        return mask[..., :Sk]
+    causal = torch.ones(Sq, Sk, dtype=torch.bool, device=query.device).tril(Sk - Sq)[None, None]
+    if mask is None:
+        keep = causal
+    elif mask.ndim == 2:  # [B, Sk] padding mask (flash-style)
+        keep = causal & mask.bool()[:, None, None, :Sk]
+    else:
+        keep = mask[..., :Sk]
+    return torch.zeros(keep.shape, dtype=query.dtype, device=query.device).masked_fill(~keep, neg)
+
+
+def _rows(mask: torch.Tensor | None, qs: int) -> torch.Tensor | None:
+    """The mask rows of queries ``qs:`` (4D masks only; 2D padding masks and None have no query axis)."""
+    return mask[:, :, qs:] if mask is not None and mask.ndim == 4 and mask.shape[-2] > 1 else mask
+
+
+def _capturing(impl: str):
+    """An attention function that runs ``impl`` (the model's own kernel: its output is unchanged) and, for the
+    layers the active :class:`Capture` asks for, records the attention weights: those eager returns, or for
+    another kernel the weights of the needed queries recomputed with the model's own eager formula."""
+    from transformers import AttentionInterface
+
+    base = AttentionInterface().get(impl) if impl != "eager" else None
+
+    def attention(module, query, key, value, attention_mask, *args, **kwargs):
+        out = (base or _module_eager(module))(module, query, key, value, attention_mask, *args, **kwargs)
+        cap = _ACTIVE.get()
+        if cap is None or id(module) not in cap.targets:
+            return out
+        qs = min(cap.q_start, query.shape[-2] - 1)
+        w = out[1] if impl == "eager" and isinstance(out, tuple) and out[1] is not None else None
+        if w is not None:
+            w = w[:, :, qs:]
+        else:
+            kw = {k: v for k, v in kwargs.items() if k != "is_causal"}
+            q = query[:, :, qs:]
+            _, w = _module_eager(module)(module, q, key, value, _additive_mask(_rows(attention_mask, qs), q, key),
+                                         *args, **kw)
+        cap.attention[cap.targets[id(module)]] = w.float().mean(1) if cap.heads == "mean" else w.float()
+        return out
+
+    return attention
+
+
+def _capture_implementation(impl: str) -> str | None:
+    """The name of the registered capturing twin of attention implementation ``impl`` (registered here on first
+    use with transformers' public ``AttentionInterface`` / ``AttentionMaskInterface``); None when ``impl`` has no
+    mask function to share."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    masks = AttentionMaskInterface()
+    if impl not in masks:
+        return None
+    name = CAPTURE_PREFIX + impl
+    if name not in AttentionInterface():
+        AttentionInterface.register(name, _capturing(impl))
+        AttentionMaskInterface.register(name, masks[impl])
+    return name
+
+
+@contextlib.contextmanager
+def capture(model, blocks: Sequence[int] = (), attention: Sequence[int] = (), q_start: int = 0,
+            heads: str = "mean") -> Iterator[Capture]:
+    """Record block outputs (forward hooks on ``blocks``, 0-based) and attention weights (of ``attention``, for
+    the queries at positions ≥ ``q_start``) during the forward calls inside the ``with``.
+
+    Attention is captured through a registered attention implementation that wraps the model's own one (the
+    model's outputs are bit-identical); the model is switched to it with ``set_attn_implementation`` for the
+    duration. A model whose attention bypasses transformers' ``AttentionInterface`` records no weights
+    (``attention`` stays empty): the caller then runs it eagerly with ``output_attentions=True``."""
+    if heads not in ("mean", "all"):
+        raise SiftError(f"heads must be 'mean' or 'all', got {heads!r}")
+    mods = find_blocks(model)
+    cap = Capture(set(blocks), {id(m): i for i in attention for m in mods[i].modules()}, q_start, heads)
+
+    def hook(i: int):
+        def record(_m, _inp, out):
+            cap.states[i] = out[0] if isinstance(out, (tuple, list)) else out
+
+        return record
+
+    handles = [mods[i].register_forward_hook(hook(i)) for i in cap.blocks]
+    prev = getattr(text_config(model), "_attn_implementation", None) or "eager"
+    switch = None
+    if attention and not prev.startswith(CAPTURE_PREFIX) and hasattr(model, "set_attn_implementation"):
+        switch = _capture_implementation(prev)
+    token = _ACTIVE.set(cap)
+    try:
+        if switch is not None:
+            model.set_attn_implementation(switch)
+        yield cap
+    finally:
+        _ACTIVE.reset(token)
+        if switch is not None:
+            model.set_attn_implementation(prev)
+        for h in handles:
+            h.remove()
+
+
+# -------------------------------------------------------------------------------------------------- batch packing
+
+@dataclass
+class Packed:
+    ids: torch.Tensor  # [B, S]
+    mask: torch.Tensor  # [B, S] long
+    offset: torch.Tensor  # [B] index of each row's first real token
+
+
+def pack(seqs: Sequence[Sequence[int]], pad_id: int, side: str = "left") -> Packed:
+    """Pad token-id lists into one batch (``side`` = left or right)."""
+    width = max(1, max(len(s) for s in seqs))
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    offset = torch.zeros(len(seqs), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        o = width - len(s) if side == "left" else 0
+        ids[i, o:o + len(s)] = torch.as_tensor(list(s), dtype=torch.long)
+        mask[i, o:o + len(s)] = 1
+        offset[i] = o
+    return Packed(ids, mask, offset)
+
+
+def model_inputs(model, p: Packed, device) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask and (when the model takes them) mask-following position ids."""
+    kw = {"input_ids": p.ids.to(device), "attention_mask": p.mask.to(device)}
+    if "position_ids" in forward_params(model):
+        kw["position_ids"] = (p.mask.cumsum(-1) - 1).clamp_min(0).to(device)
+    return kw
+
+
+def forward_params(model) -> set[str]:
+    cached = getattr(model, "_sift_forward_params", None)
+    if cached is None:
+        cached = set(inspect.signature(model.forward).parameters)
+        try:
+            model._sift_forward_params = cached
+        except Exception:  # pragma: no cover
+            pass
+    return cached
+
+
+
+@torch.no_grad()
+def prompt_final_states(model, prompts: Sequence[Sequence[int]], pad_id: int = 0, batch_size: int = 256,
+                        padding_side: str = "left") -> torch.Tensor:
+    """Block L's output (pre final norm) at the last token of each prompt: ``[N, d]`` float32, in input order.
+    One forward pass over the prompts only (causal attention makes it equal to the state inside the full
+    trace)."""
+    last = len(find_blocks(model)) - 1
+    device = next(model.parameters()).device
+    out = torch.zeros(len(prompts), model_dims(model)["hidden_size"])
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    for s in range(0, len(order), batch_size):
+        idx = order[s:s + batch_size]
+        p = pack([prompts[i] for i in idx], pad_id, padding_side)
+        with capture(model, blocks=[last]) as cap:
+            model(**model_inputs(model, p, device))
+        h = cap.states[last]
+        lens = torch.tensor([len(prompts[i]) for i in idx])
+        pos = (p.offset + lens - 1).clamp_min(0).to(h.device)
+        out[torch.tensor(idx)] = h[torch.arange(len(idx), device=pos.device), pos].float().cpu()
+    return out
