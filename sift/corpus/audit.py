@@ -53,6 +53,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from sift.metrics.classification import auroc_kernel
+
 CONTROLS = ("text_bow", "surface", "prompt_probe")
 #: the audit's limits (issue 11): a control above them means the label is readable without the mechanism
 LIMIT_BASE_PRESERVING = 0.70
@@ -249,7 +251,6 @@ def prompt_probe_estimator(C: float = 1.0, max_iter: int = 2000):
 def grouped_cv_auroc(make: Callable[[], Any], X: Any, y: np.ndarray, groups: Sequence[str], n_splits: int = 5
                      ) -> tuple[float | None, str | None, np.ndarray | None]:
     """Out-of-fold P(φ*=1) of ``make()`` under GroupKFold and their AUROC; (None, reason, None) when undefined."""
-    from sklearn.metrics import roc_auc_score
     from threadpoolctl import threadpool_limits
 
     y = np.asarray(y).astype(int)
@@ -260,7 +261,7 @@ def grouped_cv_auroc(make: Callable[[], Any], X: Any, y: np.ndarray, groups: Seq
     oof = np.full(len(y), np.nan)
     with threadpool_limits(1):  # OpenMP/BLAS threads of the trees and solvers: one (busy-waiting threads on a
         _oof(make, X, y, groups, n_splits, oof)  # shared machine cost far more than they give)
-    return round(float(roc_auc_score(y, oof)), 4), None, oof
+    return round(auroc_kernel(oof, y), 4), None, oof
 
 
 def _oof(make: Callable[[], Any], X: Any, y: np.ndarray, groups: Sequence[str], n_splits: int,
@@ -282,15 +283,13 @@ def _oof(make: Callable[[], Any], X: Any, y: np.ndarray, groups: Sequence[str], 
 
 def _subset_auroc(y: np.ndarray, oof: np.ndarray | None, mask: np.ndarray, why: str | None
                   ) -> dict[str, Any]:
-    from sklearn.metrics import roc_auc_score
-
     n = int(mask.sum())
     if oof is None:
         return {"auroc": None, "n": n, "reason": why}
     ys = y[mask]
     if len(np.unique(ys)) < 2:
         return {"auroc": None, "n": n, "reason": f"one φ* class only ({n} traces)"}
-    return {"auroc": round(float(roc_auc_score(ys, oof[mask])), 4), "n": n, "reason": None}
+    return {"auroc": round(auroc_kernel(oof[mask], ys), 4), "n": n, "reason": None}
 
 
 def control_audit(records: Sequence[Mapping[str, Any]], prompt_states: Mapping[str, np.ndarray] | None = None, *,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from sift import __version__
+from sift.metrics.classification import auroc_kernel
 from sift.corpus.axes import AXES
 
 
@@ -23,7 +24,6 @@ def last_value_equals_answer(record: dict) -> int:
 def shortcut_aurocs(records: list[dict], seed: int = 0) -> dict[str, float]:
     """Cross-validated AUROC of length+domain logistic regression, and AUROC of the last-value check."""
     from sklearn.linear_model import LogisticRegression
-    from sklearn.metrics import roc_auc_score
     from sklearn.model_selection import GroupKFold, cross_val_predict
     from sklearn.preprocessing import OneHotEncoder, StandardScaler
     from sklearn.pipeline import make_pipeline
@@ -41,12 +41,12 @@ def shortcut_aurocs(records: list[dict], seed: int = 0) -> dict[str, float]:
         if len(set(groups)) < 5:
             raise ValueError("fewer than 5 base items")
         p = cross_val_predict(clf, X, y, groups=groups, cv=GroupKFold(n_splits=5), method="predict_proba")[:, 1]
-        lr_auc = round(float(roc_auc_score(y, p)), 4)
+        lr_auc = round(auroc_kernel(p, y), 4)
     except ValueError:
         lr_auc = float("nan")
     check = np.array([last_value_equals_answer(r) for r in rows])
     return {"length_domain_lr": lr_auc,
-            "last_value_equals_answer": round(float(roc_auc_score(y, check)), 4)}
+            "last_value_equals_answer": round(auroc_kernel(np.asarray(check, dtype=float), y), 4)}
 
 
 def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_hash: str, seconds: float,
