@@ -2,7 +2,7 @@
 
     corpus/         sift-corpus      traces + verified pairs + manifest
     trajectories/   sift-extract     descriptor sequences, pooled states, intervention profiles
-    runs/<key>/     sift-train       one detector × seed (main incl. shortcut controls, ablation, transfer), results.json
+    runs/<key>/     sift-train       one detector × seed (main incl. controls, ablation, transfer), results.json
     runs/<key>/predictions/<split>.npz   per-trace P(faithful) of the run's best checkpoint
     report/         sift-evaluate    report.md, results.json, figures (+ W&B offline run)
 
@@ -13,15 +13,16 @@ runs are skipped by their run hash (``skip_if_done``), predictions are reused wh
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from sift.atomic import write_json, write_text
-from sift.cli._common import CONFIG_DIR
 from sift.errors import SiftError
+from sift.resources import config_dir, register_resolvers
 
 SPLITS = ("val", "calib", "test", "transfer")
 
@@ -44,9 +45,10 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
+    register_resolvers()
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name=config_name, overrides=overrides)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return hydra_compose(config_name=config_name, overrides=overrides)
 
 
@@ -83,7 +85,7 @@ class Stage:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __enter__(self) -> "Stage":
+    def __enter__(self) -> Stage:
         self.t0 = time.time()
         print(f"[faithshift] {self.name} ...", flush=True)
         return self
@@ -245,7 +247,8 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
     from sift.lock import ensure_writable
     from sift.training import validate_train_config
 
-    for key in ("n_items", "max_epochs", "workers", "torch_threads", "bootstrap_resamples", "seed"):
+    for key in ("n_items", "max_epochs", "workers", "torch_threads", "bootstrap.resamples",
+                "bootstrap.appendix_resamples", "seed"):
         _positive_int(cfg, key, minimum=0 if key == "seed" else 1)
     for key in ("seeds", "ablation_seeds", "factorial_seeds", "transfer.seeds"):
         for s in OmegaConf.select(cfg, key) or []:
@@ -307,17 +310,17 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         if d not in cfg.detectors:
             raise SiftError(f"instance_ensemble: member {d!r} is not among detectors {list(cfg.detectors)} "
                             f"(list trained detectors, or instance_ensemble=[] for no instance-level ensemble)")
-    ensure_writable(out)
+    ensure_writable(out, "paths.output_dir")
     return specs
 
 
 def run_faithshift(cfg: DictConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or resume) every stage; returns {"report": path, "results": path, "runs": n}.
 
-    The plan is validated first; ``output_dir`` is locked for the whole job (a second job on it refuses)."""
+    The plan is validated first; ``paths.output_dir`` is locked for the whole job (a second job on it refuses)."""
     from sift.lock import OutputLock
 
-    out = Path(cfg.output_dir)
+    out = Path(cfg.paths.output_dir)
     specs = validate_plan(cfg, out)
     with OutputLock(out, "sift-faithshift"):
         return _run_stages(cfg, out, specs)

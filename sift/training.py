@@ -26,9 +26,10 @@ from sift.detectors.schedule import ValidationHistory, training_record
 from sift.errors import SiftError
 from sift.provenance import config_hash
 
-#: top-level keys that do not change what is trained (excluded from ``config_hash``).
-NON_HPARAM_KEYS = ("seed", "paths", "logger", "resume", "skip_if_done", "ckpt_path", "allow_remote_ckpt", "tags",
-                   "provenance", "test", "task_name", "hydra")
+#: top-level keys that do not change what is trained (excluded from ``config_hash``); ``sgr`` enters the hash
+#: through the callbacks that read it (``callbacks=meta_eval``).
+NON_HPARAM_KEYS = ("seed", "paths", "sgr", "logger", "resume", "skip_if_done", "ckpt_path", "allow_remote_ckpt",
+                   "tags", "provenance", "test", "task_name", "hydra")
 RESULTS_FILE = "results.json"
 
 

@@ -394,10 +394,9 @@ def evaluate(cfg: Any) -> dict[str, Any]:
     if not preds:
         raise SiftError("nothing to evaluate: give detectors=[...] (run folders, .ckpt, ensemble.pt) "
                         "or predictions=[...] (.npz files or folders)")
-    sel = cfg.get("selective") or {}
-    selective = SelectiveConfig(float(sel.get("alpha", 0.25)), float(sel.get("delta", 0.05)),
-                                str(sel.get("bound", "clopper-pearson")),
-                                tuple(float(c) for c in sel["candidates"]) if sel.get("candidates") else None)
+    sel = cfg.sgr
+    selective = SelectiveConfig(float(sel.alpha), float(sel.delta), str(sel.bound),
+                                tuple(float(c) for c in sel.candidates) if sel.candidates else None)
     extra = companion(cfg, out_dir)
     sections = report_from_predictions(
         preds, pairs, out_dir, split=split, calib_split=None if calib_split is None else str(calib_split),
@@ -405,8 +404,8 @@ def evaluate(cfg: Any) -> dict[str, Any]:
         selective=selective, alphas=[float(a) for a in cfg.get("alphas") or (0.25, 0.30)],
         coverages=[float(c) for c in cfg.get("coverages") or DEFAULT_COVERAGES],
         match_coverage=float(cfg.get("match_coverage") or 0.70), reference=cfg.get("reference"),
-        families=dict(cfg.families) if cfg.get("families") else None, n_resamples=int(cfg.get("n_resamples", 1000)),
-        seed=int(cfg.get("seed") or 0), extra_sections=extra, title=str(cfg.get("title") or "sift evaluation"),
+        families=dict(cfg.families) if cfg.get("families") else None, n_resamples=int(cfg.bootstrap.resamples),
+        seed=int(cfg.bootstrap.seed), extra_sections=extra, title=str(cfg.get("title") or "sift evaluation"),
         slice_ids=_slice_ids(cfg),
         meta={"detectors": [s.__dict__ for s in specs], "predictions_from": [str(p) for p in cfg.get("predictions") or []]})
     return {"output_dir": str(out_dir), "sections": [s.key for s in sections],

@@ -17,7 +17,7 @@ from sift.errors import SiftError
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "SIFT_NO_GIT": "1", "PYTHONUNBUFFERED": "1"}
 TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "seeds=[0,1]", "max_epochs=2", "ablations=[]",
-        "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap_resamples=30", "wandb=false", "workers=2",
+        "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30", "wandb=false", "workers=2",
         "instance_ensemble=[hidden_probe,biasing_features]"]
 
 
@@ -93,8 +93,8 @@ def test_unwritable_output_folder_is_one_line_before_any_work(tmp_path):
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    cfg = compose("faithshift", [f"output_dir={blocker / 'out'}", *TINY])
-    with pytest.raises(SiftError, match=f"output_dir {blocker / 'out'}: not writable"):
+    cfg = compose("faithshift", [f"paths.output_dir={blocker / 'out'}", *TINY])
+    with pytest.raises(SiftError, match=f"paths.output_dir {blocker / 'out'}: not writable"):
         run_faithshift(cfg)
 
 
@@ -111,7 +111,8 @@ def test_the_whole_plan_is_validated_before_any_work(tmp_path, override, message
 
     out = tmp_path / "out"
     key = override.split("=", 1)[0]
-    cfg = compose("faithshift", [f"output_dir={out}", *[o for o in TINY if not o.startswith(key + "=")], override])
+    cfg = compose("faithshift", [f"paths.output_dir={out}", *[o for o in TINY if not o.startswith(key + "=")],
+                                 override])
     with pytest.raises(SiftError, match=message):
         run_faithshift(cfg)
     assert not out.exists()  # refused before the first stage: not even the output folder was made
@@ -187,7 +188,7 @@ def test_lock_takes_over_from_a_dead_owner(tmp_path, capsys):
 
 def test_two_main_jobs_on_one_folder_exactly_one_proceeds(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "sift.cli.faithshift", *TINY, f"output_dir={out}"]
+    cmd = [sys.executable, "-m", "sift.cli.faithshift", *TINY, f"paths.output_dir={out}"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
     try:
         _wait(lambda: (out / ".sift.lock").is_file() and f"pid {first.pid} " in (out / ".sift.lock").read_text(),
@@ -250,7 +251,7 @@ def test_killing_the_parent_stops_every_pool_worker(tmp_path, sig):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killing_the_main_job_with_runs_in_flight_leaves_no_worker(tmp_path, sig):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "sift.cli.faithshift", *TINY, f"output_dir={out}"]
+    cmd = [sys.executable, "-m", "sift.cli.faithshift", *TINY, f"paths.output_dir={out}"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
     seen: set[int] = set()
 
