@@ -104,7 +104,7 @@ def test_unwritable_output_folder_is_one_line_before_any_work(tmp_path):
     ('train_overrides=["data.holdout_domain=poetry"]', r"data.holdout_domain='poetry' is not a corpus domain"),
     ("max_epochs=-1", r"max_epochs: expected an integer >= 1, got -1"),
     ('train_overrides=["trainer.max_epochs=-1"]', r"trainer.max_epochs must be an integer >= 1, got -1"),
-    ("n_items=abc", r"n_items: expected an integer >= 1, got 'abc'"),
+    ("n_items=0", r"n_items: expected an integer >= 1, got 0"),
 ])
 def test_the_whole_plan_is_validated_before_any_work(tmp_path, override, message):
     from sift.faithshift import compose, run_faithshift
