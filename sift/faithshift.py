@@ -21,8 +21,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from sift.atomic import write_json, write_text
+from sift.config import compose
 from sift.errors import SiftError
-from sift.resources import config_dir, register_resolvers
 
 SPLITS = ("val", "calib", "test", "transfer")
 
@@ -39,19 +39,6 @@ class RunSpec:
     tags: dict[str, str] = field(default_factory=dict)  # e.g. {"ablation": "no_irm"} or {"holdout_domain": ...}
 
 
-def compose(config_name: str, overrides: list[str]) -> DictConfig:
-    """Compose one of sift's Hydra configs (works inside and outside a running Hydra app)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_resolvers()
-    if GlobalHydra.instance().is_initialized():
-        return hydra_compose(config_name=config_name, overrides=overrides)
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=overrides)
-
-
 def plan_runs(cfg: DictConfig) -> list[RunSpec]:
     """Every training run the config asks for: detectors × seeds, SIFT ablations × seeds, the factorial
     cells, held-out-domain and held-out-model runs."""
@@ -63,8 +50,9 @@ def plan_runs(cfg: DictConfig) -> list[RunSpec]:
     runs += [RunSpec(f"ablation/{a}/seed{s}", "ablation", "sift", int(s), ["detector=sift", f"ablation={a}"],
                      {"ablation": str(a)}) for a in cfg.ablations for s in cfg.ablation_seeds]
     # the factorial design (paper appendix F): the two objective × architecture cells the main runs lack
-    factorial = {"sift_erm": ("sift", ["detector.use_irm=false", "detector.use_dann=false"]),
-                 "instance_level_irm_dann": ("instance_level", ["detector.use_irm=true", "detector.use_dann=true"])}
+    erm = ["detector.objective.use_irm=false", "detector.objective.use_dann=false"]
+    irm_dann = ["detector.objective.use_irm=true", "detector.objective.use_dann=true"]
+    factorial = {"sift_erm": ("sift", erm), "instance_level_irm_dann": ("instance_level", irm_dann)}
     runs += [RunSpec(f"factorial/{name}/seed{s}", "factorial", det, int(s), [f"detector={det}", *ov],
                      {"variant": name}) for name, (det, ov) in factorial.items() for s in cfg.factorial_seeds]
     tr = cfg.transfer

@@ -35,10 +35,10 @@ def organism_checkpoints() -> Path:
 
 def register_resolvers() -> None:
     """``${sift_organism:<family>}`` in configs: the folder of a shipped organism model (e.g. ``gpt2``); and the
-    configs' schemas (:mod:`sift.config_schema`) in Hydra's ConfigStore."""
+    configs' schemas (:mod:`sift.config`) in Hydra's ConfigStore."""
     from omegaconf import OmegaConf
 
-    from sift.config_schema import register_schemas
+    from sift.config import register_schemas
 
     register_schemas()
 

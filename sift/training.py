@@ -214,13 +214,15 @@ def _finish_wandb() -> None:
 
 # ------------------------------------------------------------------------------------------- runs
 def instantiate_node(node: DictConfig, drop: tuple[str, ...] = ("name",), **kwargs: Any) -> Any:
-    """Instantiate a ``_target_`` node without bookkeeping keys (``name``) that the target may not accept."""
+    """Instantiate a ``_target_`` node without bookkeeping keys (``name``) that the target may not accept.
+    Nested ``_target_`` nodes are passed as plain dicts (a detector builds its ``net`` and ``optimizer`` itself
+    and saves their configs in its checkpoint)."""
     c = OmegaConf.to_container(node, resolve=True)
     target = c.get("_target_", "")
     for k in drop:
         if k in c and not _accepts(target, k):
             c.pop(k)
-    return instantiate(c, _convert_="all", **kwargs)
+    return instantiate(c, _convert_="all", _recursive_=False, **kwargs)
 
 
 def _accepts(target: str, arg: str) -> bool:

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from hydra.errors import ConfigCompositionException
 
-from sift.faithshift import compose
+from sift.config import compose
 from sift.resources import config_dir
 
 MAIN = ("faithshift", "train", "evaluate")

@@ -26,7 +26,7 @@ def test_resources_resolve_inside_the_installed_package():
 
 
 def test_extract_config_points_at_the_packaged_weights_from_any_directory(tmp_path, monkeypatch):
-    from sift.faithshift import compose
+    from sift.config import compose
 
     monkeypatch.chdir(tmp_path)
     c = compose("extract", ["corpus_dir=x", "output_dir=y"])

@@ -421,8 +421,9 @@ def _detector_and_batch(c, seed: int):
 
         return load_detector(str(c.checkpoint)), batch, f"checkpoint {c.checkpoint} on the synthetic test split"
     pl.seed_everything(seed, workers=True)
-    det = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), d_model=32, filters=8, n_layers=1, n_heads=2,
-                       dim_feedforward=64, mlp_hidden=32, use_irm=False, use_dann=False)
+    det = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(),
+                       net={"d_model": 32, "filters": 8, "n_layers": 1, "n_heads": 2, "dim_feedforward": 64,
+                            "mlp_hidden": 32}, objective={"use_irm": False, "use_dann": False})
     tr = pl.Trainer(max_epochs=int(c.epochs), logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False)
     tr.fit(det, dm.train_dataloader(), dm.val_dataloader())

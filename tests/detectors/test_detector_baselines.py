@@ -29,11 +29,11 @@ def spec(dm):
 def test_prefix_selection(spec):
     cue = LogisticDetector(**spec, inputs="features", prefixes=[CUE_PREFIX])
     assert cue.selector.names and all(n.startswith("cue/") for n in cue.selector.names)
-    inst = MLPDetector(**spec, inputs="features", prefixes=[BEHAVIOUR_PREFIX, INTERNAL_PREFIX], hidden=128)
+    inst = MLPDetector(**spec, inputs="features", prefixes=[BEHAVIOUR_PREFIX, INTERNAL_PREFIX], net={"hidden": 128})
     assert {n.split("/")[0] for n in inst.selector.names} == {"beh", "int"}
-    assert inst.body[0].out_features == 128
-    cf = MLPDetector(**spec, inputs="features", prefixes=[CF_PREFIX], hidden=64)
-    assert all(n.startswith("cf/") for n in cf.selector.names) and cf.body[0].out_features == 64
+    assert inst.net.body[0].out_features == 128
+    cf = MLPDetector(**spec, inputs="features", prefixes=[CF_PREFIX], net={"hidden": 64})
+    assert all(n.startswith("cf/") for n in cf.selector.names) and cf.net.body[0].out_features == 64
     with pytest.raises(SiftError, match="no feature name starts with"):
         LogisticDetector(**{**spec, "feature_names": ["beh/x"]}, inputs="features", prefixes=[CUE_PREFIX])
 

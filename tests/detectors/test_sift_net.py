@@ -103,27 +103,27 @@ def test_ablation_switches_remove_components():
     full = SIFTDetector(**DATA)
     n_full = n_parameters(full)
 
-    no_tcn = SIFTDetector(**DATA, use_tcn=False)
+    no_tcn = SIFTDetector(**DATA, net={"use_tcn": False})
     assert no_tcn.net.tcn is None and _count(no_tcn, nn.Conv1d) == 0 and _count(full, nn.Conv1d) == 4
     tcn_params = n_parameters(full.net.tcn) + n_parameters(full.net.proj) - n_parameters(no_tcn.net.proj)
     assert n_full - n_parameters(no_tcn) == tcn_params > 0
 
-    no_tr = SIFTDetector(**DATA, use_transformer=False)
+    no_tr = SIFTDetector(**DATA, net={"use_transformer": False})
     assert no_tr.net.encoder is None and _count(no_tr, nn.TransformerEncoderLayer) == 0
     assert n_full - n_parameters(no_tr) == n_parameters(full.net.encoder) > 0
 
-    no_dann = SIFTDetector(**DATA, use_dann=False)
+    no_dann = SIFTDetector(**DATA, objective={"use_dann": False})
     assert no_dann.domain_classifier is None
     assert n_full - n_parameters(no_dann) == n_parameters(full.domain_classifier) > 0
     assert full.domain_classifier.net[-1].out_features == 3  # env ids
-    assert SIFTDetector(**DATA, dann_domain="domain").domain_classifier.net[-1].out_features == 2
+    assert SIFTDetector(**DATA, objective={"dann_domain": "domain"}).domain_classifier.net[-1].out_features == 2
 
     no_as = SIFTDetector(**DATA, use_attention_stability=False)
     assert no_as.in_channels == 8 and ATTENTION_STABILITY not in no_as.kept_channels
     assert all(c.in_channels == 8 for c in no_as.net.tcn.convs)
     no_ec = SIFTDetector(**DATA, use_early_commitment=False)
     assert no_ec.in_channels == 8 and EARLY_COMMITMENT not in no_ec.kept_channels
-    both = SIFTDetector(**DATA, use_attention_stability=False, use_early_commitment=False, use_tcn=False)
+    both = SIFTDetector(**DATA, use_attention_stability=False, use_early_commitment=False, net={"use_tcn": False})
     assert both.net.proj.in_features == 7
     # the dropped channel really is not read: changing it does not change the output
     x, mask = _inputs()
@@ -147,7 +147,8 @@ def test_no_irm_switch_skips_the_penalty(monkeypatch):
                    pooled=torch.zeros(4, 4), features=torch.zeros(4, 1))
     for use_irm, expected in [(False, 0), (True, 2)]:
         calls.clear()
-        m = SIFTDetector(**DATA, use_irm=use_irm, d_model=16, filters=4, n_layers=1, n_heads=2)
+        m = SIFTDetector(**DATA, objective={"use_irm": use_irm},
+                         net={"d_model": 16, "filters": 4, "n_layers": 1, "n_heads": 2})
         m.log = lambda *a, **k: None
         m.training_step(b, 0)  # one mixed batch is split by env: two environments
         assert len(calls) == expected
@@ -159,13 +160,13 @@ def test_unknown_channel_or_domain_kind_is_a_clear_error():
     with pytest.raises(SiftError, match="attention_stability"):
         SIFTDetector(**{**DATA, "channel_names": CH[:-1]}, use_attention_stability=False)
     with pytest.raises(SiftError, match="dann_domain"):
-        SIFTDetector(**DATA, dann_domain="task")
+        SIFTDetector(**DATA, objective={"dann_domain": "task"})
 
 
 @pytest.mark.parametrize("preset,check", [
     ("no_tcn", lambda m: m.net.tcn is None),
     ("no_transformer", lambda m: m.net.encoder is None),
-    ("no_irm", lambda m: m.use_irm is False),
+    ("no_irm", lambda m: m.objective.use_irm is False),
     ("no_dann", lambda m: m.domain_classifier is None),
     ("no_attention_stability", lambda m: ATTENTION_STABILITY not in m.kept_channels and m.in_channels == 8),
     ("no_early_commitment", lambda m: EARLY_COMMITMENT not in m.kept_channels and m.in_channels == 8),

@@ -89,7 +89,8 @@ def test_os_errors_are_one_line(tmp_path, capsys):
 
 
 def test_unwritable_output_folder_is_one_line_before_any_work(tmp_path):
-    from sift.faithshift import compose, run_faithshift
+    from sift.config import compose
+    from sift.faithshift import run_faithshift
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -107,7 +108,8 @@ def test_unwritable_output_folder_is_one_line_before_any_work(tmp_path):
     ("n_items=0", r"n_items: expected an integer >= 1, got 0"),
 ])
 def test_the_whole_plan_is_validated_before_any_work(tmp_path, override, message):
-    from sift.faithshift import compose, run_faithshift
+    from sift.config import compose
+    from sift.faithshift import run_faithshift
 
     out = tmp_path / "out"
     key = override.split("=", 1)[0]
@@ -136,7 +138,7 @@ def test_a_missing_checkpoint_to_resume_from_leaves_no_half_created_run_folder(c
 
 def test_sift_corpus_refuses_a_non_integer_item_count(tmp_path):
     from sift.cli.corpus import run
-    from sift.faithshift import compose
+    from sift.config import compose
 
     with pytest.raises(SiftError, match="n_items: expected a positive integer, got 'abc'"):
         run(compose("corpus", [f"output_dir={tmp_path / 'c'}", "n_items=abc"]))

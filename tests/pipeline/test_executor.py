@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from sift.engine import gpus_per_job, run_jobs, validate_executor
 from sift.errors import SiftError
-from sift.faithshift import RunSpec, compose
+from sift.config import compose
+from sift.faithshift import RunSpec
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # SLURM tasks unpickle this module's job functions
 

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from sift.faithshift import compose, run_faithshift
+from sift.config import compose
+from sift.faithshift import run_faithshift
 
 TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface]", "seeds=[0,1]", "max_epochs=2", "ablations=[]",
         "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30", "wandb=false", "workers=1",

@@ -1,4 +1,5 @@
-"""Schemas of sift's main configs (Hydra structured configs): a misspelt or mistyped key fails at composition.
+"""sift's config tree: the schemas of the main configs (Hydra structured configs; a misspelt or mistyped key fails
+at composition) and :func:`compose`, which composes any of sift's configs from library code.
 
 ``faithshift.yaml``, ``train.yaml`` and ``evaluate.yaml`` list their schema first in ``defaults``
 (``faithshift_schema`` …); the values stay in the YAML files (every field here is ``???`` unless optional).
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig
 
 
 @dataclass
@@ -157,3 +158,19 @@ def register_schemas() -> None:
     cs = ConfigStore.instance()
     for name, node in SCHEMAS.items():
         cs.store(name=name, node=node)
+
+
+def compose(config_name: str, overrides: list[str]) -> DictConfig:
+    """Compose one of sift's Hydra configs (``train``, ``corpus`` …; works inside and outside a running Hydra
+    app; a ``--config-dir``/``$SIFT_CONFIG_DIR`` folder overrides the packaged configs)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sift.resources import config_dir, register_resolvers
+
+    register_resolvers()
+    if GlobalHydra.instance().is_initialized():
+        return hydra_compose(config_name=config_name, overrides=overrides)
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return hydra_compose(config_name=config_name, overrides=overrides)
