@@ -68,8 +68,10 @@ class FaithShiftConfig:
     controls: list[str] = MISSING
     seeds: list[int] = MISSING
     max_epochs: int = MISSING
-    max_epochs_by_detector: dict[str, int] | None = None
-    max_steps_by_detector: dict[str, int] | None = None
+    # {detector: cap} maps are Any: a typed Optional[Dict] node refuses a `key={a: 1}` override (OmegaConf 2.3);
+    # validate_plan checks their values
+    max_epochs_by_detector: Any = None
+    max_steps_by_detector: Any = None
     undertrained_detectors: list[str] = field(default_factory=list)
     ablations: list[str] = MISSING
     ablation_seeds: list[int] = MISSING
@@ -142,7 +144,7 @@ class EvaluateConfig:
     coverages: list[float] = MISSING
     match_coverage: float = MISSING
     reference: str | None = None
-    families: dict[str, str] | None = None
+    families: Any = None  # {train_on name: family}
     title: str = MISSING
     data: Any = MISSING
     companion: Any = None

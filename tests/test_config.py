@@ -88,3 +88,12 @@ def test_sgr_and_bootstrap_values_are_set_only_in_their_nodes():
             assert leaf not in flat or key.startswith("bootstrap."), f"{rel}: {key}"
             if leaf in ("alpha", "delta", "bound") and not key.startswith("sgr."):
                 assert value == f"${{sgr.{leaf}}}", f"{rel}: {key} = {value!r}"
+
+
+def test_free_form_maps_take_overrides():
+    """The {detector: cap} maps and the evaluation's families stay open (any detector name is a key)."""
+    fs = compose("faithshift", ["preset=quick", "max_steps_by_detector={sift: 245}"])
+    assert dict(fs.max_steps_by_detector) == {"sift": 245}
+    assert dict(fs.max_epochs_by_detector) == {"counterfactual": 40, "instance_level": 40}
+    ev = compose("evaluate", ["paths.output_dir=/tmp/e", "families={a: gpt2}", "sgr.candidates=[0.5,0.75]"])
+    assert dict(ev.families) == {"a": "gpt2"} and list(ev.sgr.candidates) == [0.5, 0.75]

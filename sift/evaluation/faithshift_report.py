@@ -287,10 +287,11 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     meta = {"config_hash": config_hash(_settings(cfg)), "preset": cfg.preset_name,
             "seeds": list(cfg.seeds), "runs": [s.key for s in specs], "training": runs_training(out, specs)}
     selective = SelectiveConfig(alpha=float(cfg.sgr.alpha), delta=float(cfg.sgr.delta), bound=str(cfg.sgr.bound))
+    from sift.detectors.registry import detector_entries, reference_detector
     from sift.evaluation.controls import slice_ids_from_corpus
 
     report_from_predictions(preds, pairs, report_dir, extra_sections=[corpus_section(corpus), *extra],
-                            selective=selective, reference="sift", title="sift-faithshift report", meta=meta,
+                            selective=selective, reference=reference_detector(detector_entries(cfg.detectors)), title="sift-faithshift report", meta=meta,
                             slice_ids=slice_ids_from_corpus(corpus), **common)
     results = report_dir / "results.json"
     if cfg.wandb:

@@ -77,7 +77,7 @@ def test_each_baseline_trains_through_lightning(dm, spec, kind, tmp_path):
 
     cfg = OmegaConf.load(f"{CONFIG_DIR}/detector/{kind}.yaml")
     pl.seed_everything(0)
-    m = instantiate_node(cfg, drop=("name", *DETECTOR_RUN_KEYS), **spec)
+    m = instantiate_node(cfg, exclude=DETECTOR_RUN_KEYS, **spec)
     tr = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, default_root_dir=tmp_path)
     tr.fit(m, dm)

@@ -175,8 +175,9 @@ def test_ablation_presets_switch_off_their_component(compose_train, preset, chec
     """`sift-train ablation=<preset>` builds the detector without that component (configs/ablation/)."""
     from sift.training import DETECTOR_RUN_KEYS, instantiate_node
 
-    full = instantiate_node(compose_train("detector=sift").detector, drop=DETECTOR_RUN_KEYS, **DATA)
-    m = instantiate_node(compose_train("detector=sift", f"ablation={preset}").detector, drop=DETECTOR_RUN_KEYS, **DATA)
+    full = instantiate_node(compose_train("detector=sift").detector, exclude=DETECTOR_RUN_KEYS, **DATA)
+    m = instantiate_node(compose_train("detector=sift", f"ablation={preset}").detector, exclude=DETECTOR_RUN_KEYS,
+                         **DATA)
     assert check(m) and not check(full)
     if preset not in ("no_irm",):  # IRM has no parameters; the others remove weights
         assert n_parameters(m) < n_parameters(full)

@@ -101,7 +101,7 @@ def test_unwritable_output_folder_is_one_line_before_any_work(tmp_path):
 
 # ------------------------------------------------------------------------------------ 6-8: plan validation
 @pytest.mark.parametrize("override, message", [
-    ("detectors=[siftt,hidden_probe]", r"run main/siftt/seed0 \(detector=siftt\): .*siftt"),
+    ("detectors=[siftt,hidden_probe]", r"detector 'siftt': .*siftt"),
     ('train_overrides=["data.holdout_domain=poetry"]', r"data.holdout_domain='poetry' is not a corpus domain"),
     ("max_epochs=-1", r"max_epochs: expected an integer >= 1, got -1"),
     ('train_overrides=["trainer.max_epochs=-1"]', r"trainer.max_epochs must be an integer >= 1, got -1"),
