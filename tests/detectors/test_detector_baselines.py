@@ -8,8 +8,7 @@ import torch
 from datamodules.batch import TraceBatch
 from datamodules.synthetic_datamodule import SyntheticDataModule
 from sift.detectors import DataSpec, LogisticDetector, MLPDetector
-from sift.detectors.features import (BEHAVIOUR_PREFIX, CF_PREFIX, CUE_PREFIX, INTERNAL_PREFIX,
-                                     organism_channel_names)
+from sift.detectors.features import BEHAVIOUR_PREFIX, CF_PREFIX, CUE_PREFIX, INTERNAL_PREFIX, organism_channel_names
 from sift.errors import SiftError
 from sift.metrics import auroc
 

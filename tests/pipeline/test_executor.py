@@ -12,9 +12,9 @@ import cloudpickle
 import pytest
 from omegaconf import OmegaConf
 
+from sift.config import compose
 from sift.engine import gpus_per_job, run_jobs, validate_executor
 from sift.errors import SiftError
-from sift.config import compose
 from sift.faithshift import RunSpec
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # SLURM tasks unpickle this module's job functions
@@ -105,7 +105,8 @@ def cluster(tmp_path, monkeypatch):
 
 
 def _cfg(tmp_path, **executor):
-    base = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[2] / "sift/configs/executor/slurm.yaml"))
+    slurm = Path(__file__).resolve().parents[2] / "sift/configs/executor/slurm.yaml"
+    base = OmegaConf.to_container(OmegaConf.load(slurm))
     base.update(folder=str(tmp_path / "logs"), poll_s=0.05, partition="gpu-test", array_parallelism=2, **executor)
     return OmegaConf.create({"workers": 1, "train_overrides": ["trainer=gpu"], "executor": base})
 

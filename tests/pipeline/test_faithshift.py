@@ -9,9 +9,9 @@ import pytest
 from sift.config import compose
 from sift.faithshift import run_faithshift
 
-TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface]", "seeds=[0,1]", "max_epochs=2", "ablations=[]",
-        "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30", "wandb=false", "workers=1",
-        "instance_ensemble=[hidden_probe,biasing_features]"]
+TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface]", "seeds=[0,1]",
+        "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30",
+        "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]"]
 
 
 @pytest.fixture(scope="module")
