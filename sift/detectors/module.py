@@ -217,7 +217,7 @@ class DetectorModule(pl.LightningModule):
                  threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
         super().__init__()
         self.optimizer_config = optimizer_config(optimizer)
-        self.lr_schedule = LRSchedule(**dict(scheduler or {}))
+        self.lr_schedule = LRSchedule.build_from(scheduler)
         self.objective = Objective.build(self.objective_defaults, objective)
         self.detector_name = name
         self.channel_names, self.feature_names = list(channel_names), list(feature_names)

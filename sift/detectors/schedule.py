@@ -124,6 +124,15 @@ class LRSchedule:
             raise SiftError(f"detector.scheduler.warmup_steps must be >= 0, got {self.warmup_steps}")
         lr_lambda(self.warmup_steps, 1, self.kind, self.min_ratio)  # validates kind and min_ratio
 
+    @classmethod
+    def build_from(cls, given: dict[str, Any] | None) -> LRSchedule:
+        """From a ``detector.scheduler`` mapping; an unknown key fails naming it."""
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise SiftError(f"detector.scheduler: unknown key(s) {unknown} (known: {sorted(cls.__dataclass_fields__)})")
+        return cls(**given)
+
     @property
     def constant(self) -> bool:
         """True when the learning rate never changes (no scheduler is built)."""

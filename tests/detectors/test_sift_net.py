@@ -161,6 +161,12 @@ def test_unknown_channel_or_domain_kind_is_a_clear_error():
         SIFTDetector(**{**DATA, "channel_names": CH[:-1]}, use_attention_stability=False)
     with pytest.raises(SiftError, match="dann_domain"):
         SIFTDetector(**DATA, objective={"dann_domain": "task"})
+    with pytest.raises(SiftError, match=r"detector.objective: unknown key\(s\) \['irm_lamda'\]"):
+        SIFTDetector(**DATA, objective={"irm_lamda": 2.0})
+    with pytest.raises(SiftError, match=r"detector.scheduler: unknown key\(s\) \['warmup'\]"):
+        SIFTDetector(**DATA, scheduler={"warmup": 5})
+    with pytest.raises(SiftError, match="_partial_"):
+        SIFTDetector(**DATA, optimizer={"_partial_": False})
 
 
 @pytest.mark.parametrize("preset,check", [
@@ -181,3 +187,26 @@ def test_ablation_presets_switch_off_their_component(compose_train, preset, chec
     assert check(m) and not check(full)
     if preset not in ("no_irm",):  # IRM has no parameters; the others remove weights
         assert n_parameters(m) < n_parameters(full)
+
+
+def test_the_optimizer_is_the_configured_partial(compose_train):
+    """detector.optimizer builds the optimizer (Adam by default) on the detector's and the domain classifier's
+    parameter groups; detector.scheduler wraps it in the warm-up + cosine LambdaLR."""
+    from sift.training import DETECTOR_RUN_KEYS, instantiate_node
+
+    def build(*overrides):
+        cfg = compose_train("detector=sift", *overrides).detector
+        return instantiate_node(cfg, exclude=DETECTOR_RUN_KEYS, **DATA)
+
+    m = build("detector.optimizer.weight_decay=0.01")
+    out = m.configure_optimizers()
+    opt = out["optimizer"]
+    assert type(opt) is torch.optim.Adam and opt.defaults["weight_decay"] == 0.01
+    assert [g["initial_lr"] for g in opt.param_groups] == [1e-3, 1e-3]  # dann_lr_mult 1
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(m.parameters()))
+    assert type(out["lr_scheduler"]["scheduler"]) is torch.optim.lr_scheduler.LambdaLR
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 21)  # step 0 of the 20-step warm-up
+    sgd = build("detector.optimizer._target_=torch.optim.SGD", "detector.optimizer.lr=0.1",
+                "detector.scheduler.warmup_steps=0", "detector.scheduler.kind=constant")
+    opt = sgd.configure_optimizers()
+    assert type(opt) is torch.optim.SGD and [g["lr"] for g in opt.param_groups] == [0.1, 0.1]
