@@ -236,8 +236,8 @@ def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = No
                       key: str = "") -> list[Section]:
     """Every appendix analysis, ``cfg.workers`` processes at a time, in the order of APPENDIX_ANALYSES.
 
-    Their CIs use ``cfg.bootstrap.appendix_resamples`` base-item resamples (each analysis loops over detectors, seeds,
-    axes and features in every replicate, so it costs far more per resample than the main tables). With
+    Their CIs use ``cfg.bootstrap.appendix_resamples`` base-item resamples (each analysis loops over detectors,
+    seeds, axes and features in every replicate, so it costs far more per resample than the main tables). With
     ``cache_dir``, each finished section is saved under its input ``key`` and reused by a rerun (a report
     interrupted half-way resumes)."""
     from sift.evaluation.appendix import APPENDIX_ANALYSES
@@ -290,8 +290,9 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     from sift.detectors.registry import detector_entries, reference_detector
     from sift.evaluation.controls import slice_ids_from_corpus
 
+    reference = reference_detector(detector_entries(cfg.detectors))  # the registry's (configs/detector/*.yaml)
     report_from_predictions(preds, pairs, report_dir, extra_sections=[corpus_section(corpus), *extra],
-                            selective=selective, reference=reference_detector(detector_entries(cfg.detectors)), title="sift-faithshift report", meta=meta,
+                            selective=selective, reference=reference, title="sift-faithshift report", meta=meta,
                             slice_ids=slice_ids_from_corpus(corpus), **common)
     results = report_dir / "results.json"
     if cfg.wandb:
