@@ -31,8 +31,8 @@ TOL = 1e-12
 #: a tiny main job: both SIFT (checkpointed epochs, dropout) and a baseline, two workers, every stage
 TINY = ["n_items=16", "detectors=[sift,hidden_probe]", "seeds=[0]", "max_epochs=3", "ablations=[]",
         "factorial_seeds=[]", "transfer.detectors=[hidden_probe]", "transfer.seeds=[0]",
-        "transfer.holdout_domains=[boolean]", "transfer.holdout_models=[]", "bootstrap_resamples=20",
-        "appendix_resamples=10", "wandb=false", "workers=2", "instance_ensemble=[hidden_probe]"]
+        "transfer.holdout_domains=[boolean]", "transfer.holdout_models=[]", "bootstrap.resamples=20",
+        "bootstrap.appendix_resamples=10", "wandb=false", "workers=2", "instance_ensemble=[hidden_probe]"]
 QUICK = ["preset=quick"]
 
 
@@ -62,7 +62,7 @@ POINTS = [
 
 
 def command(overrides: list[str], out: Path) -> list[str]:
-    return [sys.executable, "-m", "sift.cli.faithshift", *overrides, f"output_dir={out}"]
+    return [sys.executable, "-m", "sift.cli.faithshift", *overrides, f"paths.output_dir={out}"]
 
 
 def env() -> dict[str, str]:

@@ -2,7 +2,7 @@
 
     corpus/         sift-corpus      traces + verified pairs + manifest
     trajectories/   sift-extract     descriptor sequences, pooled states, intervention profiles
-    runs/<key>/     sift-train       one detector × seed (main incl. shortcut controls, ablation, transfer), results.json
+    runs/<key>/     sift-train       one detector × seed (main incl. controls, ablation, transfer), results.json
     runs/<key>/predictions/<split>.npz   per-trace P(faithful) of the run's best checkpoint
     report/         sift-evaluate    report.md, results.json, figures (+ W&B offline run)
 
@@ -13,16 +13,18 @@ runs are skipped by their run hash (``skip_if_done``), predictions are reused wh
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from sift.atomic import write_json, write_text
+from sift.config import compose
 from sift.corpus.job import run_corpus
+from sift.detectors.registry import DetectorEntry, detector_entries
 from sift.errors import SiftError
-from sift.resources import config_dir
 
 SPLITS = ("val", "calib", "test", "transfer")
 
@@ -37,44 +39,49 @@ class RunSpec:
     seed: int
     overrides: list[str] = field(default_factory=list)
     tags: dict[str, str] = field(default_factory=dict)  # e.g. {"ablation": "no_irm"} or {"holdout_domain": ...}
+    cost: float = 1.0  # the detector's registry.cost: costlier runs start first
 
 
-def compose(config_name: str, overrides: list[str]) -> DictConfig:
-    """Compose one of sift's Hydra configs (works inside and outside a running Hydra app)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        return hydra_compose(config_name=config_name, overrides=overrides)
-    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        return hydra_compose(config_name=config_name, overrides=overrides)
+def ablated_detector(cfg: DictConfig, registry: dict[str, DetectorEntry]) -> str | None:
+    """The job's detector that the ablation presets apply to (``registry.ablations``; at most one)."""
+    named = [d for d in cfg.detectors if registry[d].ablations]
+    if len(named) > 1:
+        raise SiftError(f"detectors: {', '.join(named)} all declare registry.ablations; the ablation presets "
+                        f"apply to one detector")
+    if cfg.ablations and not named:
+        raise SiftError(f"ablations: none of the detectors {list(cfg.detectors)} declares registry.ablations "
+                        f"(give ablations=[], or list the detector the presets are written for)")
+    return named[0] if named else None
 
 
 def plan_runs(cfg: DictConfig) -> list[RunSpec]:
-    """Every training run the config asks for: detectors × seeds, SIFT ablations × seeds, the factorial
-    cells, held-out-domain and held-out-model runs."""
-    runs = [RunSpec(f"main/{d}/seed{s}", "main", d, int(s), [f"detector={d}"])
+    """Every training run the config asks for: detectors × seeds, the ablations × seeds of the detector whose
+    registry entry takes them, the factorial cells (the other objective of each detector whose entry declares
+    ``factorial``), held-out-domain and held-out-model runs."""
+    controls = [d for d in cfg.get("controls") or [] if d not in cfg.detectors]
+    reg = detector_entries([*cfg.detectors, *controls, *cfg.transfer.detectors])
+    runs = [RunSpec(f"main/{d}/seed{s}", "main", d, int(s), [f"detector={d}"], cost=reg[d].cost)
             for d in cfg.detectors for s in cfg.seeds]
     # the shortcut controls (text only / prompt only): main runs like any detector, their own group in the tables
-    runs += [RunSpec(f"main/{d}/seed{s}", "main", d, int(s), [f"detector={d}"], {"control": "true"})
-             for d in cfg.get("controls") or [] if d not in cfg.detectors for s in cfg.seeds]
-    runs += [RunSpec(f"ablation/{a}/seed{s}", "ablation", "sift", int(s), ["detector=sift", f"ablation={a}"],
-                     {"ablation": str(a)}) for a in cfg.ablations for s in cfg.ablation_seeds]
-    # the factorial design (paper appendix F): the two objective × architecture cells the main runs lack
-    factorial = {"sift_erm": ("sift", ["detector.use_irm=false", "detector.use_dann=false"]),
-                 "instance_level_irm_dann": ("instance_level", ["detector.use_irm=true", "detector.use_dann=true"])}
-    runs += [RunSpec(f"factorial/{name}/seed{s}", "factorial", det, int(s), [f"detector={det}", *ov],
-                     {"variant": name}) for name, (det, ov) in factorial.items() for s in cfg.factorial_seeds]
+    runs += [RunSpec(f"main/{d}/seed{s}", "main", d, int(s), [f"detector={d}"], {"control": "true"},
+                     cost=reg[d].cost) for d in controls for s in cfg.seeds]
+    ab = ablated_detector(cfg, reg)
+    runs += [RunSpec(f"ablation/{a}/seed{s}", "ablation", ab, int(s), [f"detector={ab}", f"ablation={a}"],
+                     {"ablation": str(a)}, cost=reg[ab].cost) for a in cfg.ablations for s in cfg.ablation_seeds
+             if ab is not None]
+    # the factorial design (paper appendix F): the objective × architecture cells the main runs lack
+    cells = [(d, *reg[d].factorial_cell()) for d in cfg.detectors if reg[d].factorial]
+    runs += [RunSpec(f"factorial/{name}/seed{s}", "factorial", d, int(s), [f"detector={d}", *ov],
+                     {"variant": name}, cost=reg[d].cost) for d, name, ov in cells for s in cfg.factorial_seeds]
     tr = cfg.transfer
     for d in tr.detectors:
         for s in tr.seeds:
             runs += [RunSpec(f"transfer/domain-{h}/{d}/seed{s}", "transfer_domain", d, int(s),
-                             [f"detector={d}", f"data.holdout_domain={h}"], {"holdout_domain": str(h)})
-                     for h in tr.holdout_domains]
+                             [f"detector={d}", f"data.holdout_domain={h}"], {"holdout_domain": str(h)},
+                             cost=reg[d].cost) for h in tr.holdout_domains]
             runs += [RunSpec(f"transfer/model-{h}/{d}/seed{s}", "transfer_model", d, int(s),
-                             [f"detector={d}", f"data.holdout_model={h}"], {"holdout_model": str(h)})
-                     for h in tr.holdout_models]
+                             [f"detector={d}", f"data.holdout_model={h}"], {"holdout_model": str(h)},
+                             cost=reg[d].cost) for h in tr.holdout_models]
     return runs
 
 
@@ -84,7 +91,7 @@ class Stage:
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __enter__(self) -> "Stage":
+    def __enter__(self) -> Stage:
         self.t0 = time.time()
         print(f"[faithshift] {self.name} ...", flush=True)
         return self
@@ -171,11 +178,11 @@ def _train_job(cfg_yaml: str | None, out: str, spec: RunSpec, gpus: list[str] | 
 def train_all(cfg: DictConfig, out: Path,
               specs: list[RunSpec]) -> tuple[dict[str, dict], dict[str, dict[str, Path]]]:
     """Train every run and write its predictions on ``cfg.executor`` (``local``: ``cfg.workers`` processes at a
-    time; ``slurm``: an array job), SIFT runs first (the long ones); finished runs are skipped by run hash and
-    up-to-date predictions reused; a failed run is retried ``executor.retries`` times."""
+    time; ``slurm``: an array job), the costliest detectors' runs first (``registry.cost``); finished runs are
+    skipped by run hash and up-to-date predictions reused; a failed run is retried ``executor.retries`` times."""
     from sift.engine import run_jobs
 
-    order = sorted(specs, key=lambda s: (s.detector != "sift", s.key))
+    order = sorted(specs, key=lambda s: (-s.cost, s.key))
     records: dict[str, dict] = {}
     preds: dict[str, dict[str, Path]] = {}
 
@@ -211,8 +218,9 @@ def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict
     ckpt = record.get("best_ckpt") or record.get("last_ckpt")
     if not ckpt:
         raise SiftError(f"{out / 'runs' / spec.key / 'results.json'}: the run saved no checkpoint")
-    det = load_detector(ckpt)
-    dm = setup_data(train_config(cfg, out, spec))
+    tc = train_config(cfg, out, spec)
+    det = load_detector(ckpt, trusted=[str(tc.detector._target_)])
+    dm = setup_data(tc)
     done = {}
     for s in SPLITS:
         if s == "transfer" and spec.group == "main":
@@ -244,7 +252,8 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
     from sift.lock import ensure_writable
     from sift.training import validate_train_config
 
-    for key in ("n_items", "max_epochs", "workers", "torch_threads", "bootstrap_resamples", "seed"):
+    for key in ("n_items", "max_epochs", "workers", "torch_threads", "bootstrap.resamples",
+                "bootstrap.appendix_resamples", "seed"):
         _positive_int(cfg, key, minimum=0 if key == "seed" else 1)
     for key in ("seeds", "ablation_seeds", "factorial_seeds", "transfer.seeds"):
         for s in OmegaConf.select(cfg, key) or []:
@@ -306,17 +315,17 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         if d not in cfg.detectors:
             raise SiftError(f"instance_ensemble: member {d!r} is not among detectors {list(cfg.detectors)} "
                             f"(list trained detectors, or instance_ensemble=[] for no instance-level ensemble)")
-    ensure_writable(out)
+    ensure_writable(out, "paths.output_dir")
     return specs
 
 
 def run_faithshift(cfg: DictConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run (or resume) every stage; returns {"report": path, "results": path, "runs": n}.
 
-    The plan is validated first; ``output_dir`` is locked for the whole job (a second job on it refuses)."""
+    The plan is validated first; ``paths.output_dir`` is locked for the whole job (a second job on it refuses)."""
     from sift.lock import OutputLock
 
-    out = Path(cfg.output_dir)
+    out = Path(cfg.paths.output_dir)
     specs = validate_plan(cfg, out)
     with OutputLock(out, "sift-faithshift"):
         return _run_stages(cfg, out, specs)

@@ -26,9 +26,10 @@ from sift.detectors.schedule import ValidationHistory, training_record
 from sift.errors import SiftError
 from sift.provenance import config_hash
 
-#: top-level keys that do not change what is trained (excluded from ``config_hash``).
-NON_HPARAM_KEYS = ("seed", "paths", "logger", "resume", "skip_if_done", "ckpt_path", "allow_remote_ckpt", "tags",
-                   "provenance", "test", "task_name", "hydra")
+#: top-level keys that do not change what is trained (excluded from ``config_hash``); ``sgr`` enters the hash
+#: through the callbacks that read it (``callbacks=meta_eval``).
+NON_HPARAM_KEYS = ("seed", "paths", "sgr", "logger", "resume", "skip_if_done", "ckpt_path", "allow_remote_ckpt",
+                   "tags", "provenance", "test", "task_name", "hydra")
 RESULTS_FILE = "results.json"
 
 
@@ -212,14 +213,20 @@ def _finish_wandb() -> None:
 
 
 # ------------------------------------------------------------------------------------------- runs
-def instantiate_node(node: DictConfig, drop: tuple[str, ...] = ("name",), **kwargs: Any) -> Any:
-    """Instantiate a ``_target_`` node without bookkeeping keys (``name``) that the target may not accept."""
+def instantiate_node(node: DictConfig, drop: tuple[str, ...] = ("name",), exclude: tuple[str, ...] = (),
+                     **kwargs: Any) -> Any:
+    """Instantiate a ``_target_`` node without bookkeeping keys (``drop``: ``name``) that the target may not
+    accept, and without the keys ``exclude`` names (settings of the run, never the target's arguments).
+    Nested ``_target_`` nodes are passed as plain dicts (a detector builds its ``net`` and ``optimizer`` itself
+    and saves their configs in its checkpoint)."""
     c = OmegaConf.to_container(node, resolve=True)
     target = c.get("_target_", "")
+    for k in exclude:
+        c.pop(k, None)
     for k in drop:
         if k in c and not _accepts(target, k):
             c.pop(k)
-    return instantiate(c, _convert_="all", **kwargs)
+    return instantiate(c, _convert_="all", _recursive_=False, **kwargs)
 
 
 def _accepts(target: str, arg: str) -> bool:
@@ -304,8 +311,8 @@ def _train_locked(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
         _finish_wandb()
 
 
-#: detector-config keys that configure the run, not the detector's constructor (dropped unless it accepts them)
-DETECTOR_RUN_KEYS = ("seed_resample", "early_stopping")
+#: detector-config keys that configure the run (and the registry entry), never the detector's constructor
+DETECTOR_RUN_KEYS = ("seed_resample", "early_stopping", "registry")
 
 
 def _resample_train(dm: Any, seed: int) -> None:
@@ -397,7 +404,7 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
         _resample_train(dm, int(cfg.seed))
     spec = DataSpec.from_datamodule(dm)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)  # init does not depend on data setup
-    model = instantiate_node(cfg.detector, drop=DETECTOR_RUN_KEYS, **spec.as_kwargs())
+    model = instantiate_node(cfg.detector, exclude=DETECTOR_RUN_KEYS, **spec.as_kwargs())
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()
                  if isinstance(c, DictConfig) and "_target_" in c]
     history = ValidationHistory()

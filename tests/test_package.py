@@ -26,7 +26,7 @@ def test_resources_resolve_inside_the_installed_package():
 
 
 def test_extract_config_points_at_the_packaged_weights_from_any_directory(tmp_path, monkeypatch):
-    from sift.faithshift import compose
+    from sift.config import compose
 
     monkeypatch.chdir(tmp_path)
     c = compose("extract", ["corpus_dir=x", "output_dir=y"])
@@ -37,7 +37,7 @@ def test_extract_config_points_at_the_packaged_weights_from_any_directory(tmp_pa
 def test_config_dir_overrides_the_packaged_configs(tmp_path):
     (tmp_path / "detector").mkdir()
     text = (config_dir() / "detector" / "sift.yaml").read_text()
-    (tmp_path / "detector" / "sift.yaml").write_text(text.replace("\nlr: 1.0e-3", "\nlr: 0.000123"))
+    (tmp_path / "detector" / "sift.yaml").write_text(text.replace("\n  lr: 1.0e-3", "\n  lr: 0.000123"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path])}
     env.pop("SIFT_CONFIG_DIR", None)
 
@@ -45,7 +45,7 @@ def test_config_dir_overrides_the_packaged_configs(tmp_path):
         out = subprocess.run([sys.executable, "-m", "sift.cli.train", *args, "detector=sift", "--cfg", "job"],
                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-        return [ln.split(":")[1].strip() for ln in out.stdout.splitlines() if ln.startswith("  lr:")]
+        return [ln.split(":")[1].strip() for ln in out.stdout.splitlines() if ln.startswith("    lr:")]
 
     assert lr("--config-dir", str(tmp_path)) == ["0.000123"]
     assert lr() == ["0.001"]

@@ -11,7 +11,7 @@ from sift.cli._common import clean_failure, sift_main
 def main(cfg: DictConfig) -> None:
     from sift.faithshift import run_faithshift
 
-    with clean_failure("sift-faithshift", cfg.output_dir):
+    with clean_failure("sift-faithshift", cfg.paths.output_dir):
         res = run_faithshift(cfg)
         print(f"sift-faithshift: {res['runs']} runs; report {res['report']}; numbers {res['results']}")
 

@@ -20,7 +20,8 @@ Lightning (and may use the IRM/DANN objective of the base class, off by default)
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from torch import nn
 
 from datamodules.batch import TraceBatch
 from datamodules.features import channel_index, select_by_prefix
-from sift.detectors.module import DetectorModule, Standardizer, mlp
+from sift.detectors.module import DetectorModule, Standardizer, build_net, mlp
 from sift.errors import SiftError
 
 INPUT_KINDS = ("features", "pooled", "channel_mean", "prompt_pooled")
@@ -175,44 +176,49 @@ class LogisticDetector(DetectorModule):
         self._maybe_fit()
 
 
+class MLPNet(nn.Module):
+    """Linear → ReLU → Dropout (the representation, width ``hidden``) → Linear: (logits [B], representation)."""
+
+    def __init__(self, in_dim: int, hidden: int = 128, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Dropout(dropout))
+        self.out = nn.Linear(hidden, 1)
+        self.d_model = hidden
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.body(x)
+        return self.out(z).squeeze(-1), z
+
+
 class MLPDetector(DetectorModule):
-    """Two-layer MLP (hidden width given) on standardised selected inputs, trained with Adam."""
+    """An MLP (``net``: :class:`MLPNet` keyword arguments) on standardised selected inputs, trained by the
+    ``optimizer`` (default Adam) on the ``objective`` (environment-mean risk; IRM and DANN off by default)."""
+
+    objective_defaults: ClassVar[dict[str, Any]] = {"env_reduction": "mean"}
 
     def __init__(self, *, name: str = "mlp", inputs: str = "features", prefixes: Sequence[str] = (),
-                 channel: str | None = None, hidden: int = 128, dropout: float = 0.0, standardize: bool = True,
+                 channel: str | None = None, net: Mapping[str, Any] | None = None, standardize: bool = True,
                  channel_names: Sequence[str] = (), feature_names: Sequence[str] = (), pooled_dim: int = 0,
-                 n_envs: int = 1, n_domains: int = 1, n_models: int = 1, lr: float = 1e-3,
-                 weight_decay: float = 0.0, env_reduction: str = "mean", use_irm: bool = False,
-                 irm_lambda: float = 1.0, irm_anneal_steps: int = 0, use_dann: bool = False,
-                 dann_weight: float = 0.5, dann_domain: str = "env", dann_hidden: int = 128,
-                 dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
-                 threshold_method: str = "youden", stats_max_batches: int = 200, warmup_steps: int = 0,
-                 lr_schedule: str = "constant", lr_min_ratio: float = 0.1,
-                 penalty_start_steps: int = 0, penalty_ramp_steps: int = 0) -> None:
+                 n_envs: int = 1, n_domains: int = 1, n_models: int = 1, optimizer: Mapping[str, Any] | None = None,
+                 scheduler: Mapping[str, Any] | None = None, objective: Mapping[str, Any] | None = None,
+                 threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
         super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
-                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models, lr=lr,
-                         weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
-                         irm_lambda=irm_lambda, irm_anneal_steps=irm_anneal_steps, use_dann=use_dann,
-                         dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
-                         dann_schedule=dann_schedule, dann_lr_mult=dann_lr_mult,
-                         threshold_method=threshold_method, stats_max_batches=stats_max_batches,
-                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, lr_min_ratio=lr_min_ratio,
-                         penalty_start_steps=penalty_start_steps, penalty_ramp_steps=penalty_ramp_steps)
+                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models,
+                         optimizer=optimizer, scheduler=scheduler, objective=objective,
+                         threshold_method=threshold_method, stats_max_batches=stats_max_batches)
         self.save_hyperparameters(logger=False)
         self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,
                                   feature_names=self.feature_names, pooled_dim=self.pooled_dim)
         self.standardizer = Standardizer(self.selector.dim) if standardize else None
-        self.body = nn.Sequential(nn.Linear(self.selector.dim, hidden), nn.ReLU(), nn.Dropout(dropout))
-        self.out = nn.Linear(hidden, 1)
-        self.representation_dim = hidden
+        self.net = build_net(net, MLPNet, in_dim=self.selector.dim)
+        self.representation_dim = int(self.net.d_model)
         self.build_dann_head()
 
     def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.selector(batch)
         if self.standardizer is not None:
             x = self.standardizer(x)
-        z = self.body(x)
-        return self.out(z).squeeze(-1), z
+        return self.net(x)
 
     def fit_input_stats(self, batches: Iterable[TraceBatch]) -> None:
         if self.standardizer is None:
@@ -222,4 +228,4 @@ class MLPDetector(DetectorModule):
         self.standardizer.finalize()
 
 
-__all__ = ["InputSelector", "LogisticDetector", "MLPDetector", "mlp"]
+__all__ = ["InputSelector", "LogisticDetector", "MLPDetector", "MLPNet", "mlp"]

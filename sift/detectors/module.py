@@ -1,5 +1,8 @@
 """The LightningModule contract every detector shares (SIFT, the five baselines, ensembles).
 
+* A detector is configured as in lightning-hydra-template: its architecture (``net``, in the subclass), its
+  ``optimizer`` (a ``_partial_`` config, default Adam), its learning-rate ``scheduler`` and its ``objective``
+  (:class:`~sift.detectors.objective.Objective`); the three are plain mappings, saved in the checkpoint.
 * ``training_step`` takes one :class:`TraceBatch` or a list of per-environment TraceBatches; the objective is
   Σ_e R_e (``env_reduction="sum"``, paper eq. 14; ``"mean"`` is DomainBed's) + λ_IRM Ω_IRM + λ_DANN Ω_DANN,
   where the penalties are optional for any torch detector (on for SIFT). A single batch is split by ``env``.
@@ -13,8 +16,9 @@ from __future__ import annotations
 
 import importlib
 import math
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, ClassVar
 
 import pytorch_lightning as pl
 import torch
@@ -25,12 +29,13 @@ from torchmetrics.classification import BinaryAUROC
 from torchmetrics.utilities import dim_zero_cat
 
 from datamodules.batch import TraceBatch
+from sift.detectors.objective import Objective, build_optimizer, optimizer_config
 from sift.detectors.penalties import DomainClassifier, dann_penalty, irm_penalty
+from sift.detectors.schedule import LRSchedule
 from sift.detectors.thresholds import confidence_gate, fit_threshold
 from sift.errors import SiftError
 
 _TENSOR_FIELDS = ("x", "mask", "label", "env", "domain", "model", "pooled", "features")
-DANN_DOMAINS = ("env", "domain", "model")
 
 
 # --------------------------------------------------------------------------------------------- batches
@@ -97,7 +102,7 @@ class DataSpec:
         return d
 
     @classmethod
-    def from_datamodule(cls, dm: Any, scan_batches: int = 10_000) -> "DataSpec":
+    def from_datamodule(cls, dm: Any, scan_batches: int = 10_000) -> DataSpec:
         """Read ``channel_names``/``feature_names`` (required) and ``pooled_dim``, ``env_names`` (or
         ``n_envs``), ``domain_names`` (or ``n_domains``), ``model_names`` (or ``n_models``) when the DataModule
         has them; anything missing is inferred by scanning its training loader."""
@@ -171,6 +176,19 @@ def n_parameters(module: nn.Module, trainable_only: bool = True) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
 
 
+def build_net(net: Mapping[str, Any] | None, default: type[nn.Module], **inputs: Any) -> nn.Module:
+    """The architecture of a ``detector.net`` config: its ``_target_`` (default ``default``) called with the
+    config's keys and the data-dependent ``inputs`` (e.g. the input width). Built inside the detector's
+    ``__init__``, so its parameters draw from the RNG in the same order as when the detector built it itself."""
+    from hydra.utils import get_class
+
+    cfg = dict(net or {})
+    cfg.pop("_partial_", None)
+    target = cfg.pop("_target_", None)
+    cls = get_class(target) if target else default
+    return cls(**inputs, **cfg)
+
+
 # --------------------------------------------------------------------------------------------- base module
 def ramp_factor(step: int, start: int, ramp: int) -> float:
     """0 before ``start``, then linear from 0 to 1 over ``ramp`` steps (1 at once when ``ramp`` is 0)."""
@@ -181,45 +199,30 @@ def ramp_factor(step: int, start: int, ramp: int) -> float:
 
 class DetectorModule(pl.LightningModule):
     """Base class. Subclasses implement :meth:`encode` (logits [B] and a representation [B, d] or None) and
-    may override :meth:`fit_input_stats`; they call ``self.save_hyperparameters()`` in their ``__init__``."""
+    may override :meth:`fit_input_stats`; they call ``self.save_hyperparameters()`` in their ``__init__``.
+
+    ``optimizer``: a ``_partial_`` optimizer config (default :data:`~sift.detectors.objective.DEFAULT_OPTIMIZER`,
+    Adam); ``scheduler``: :class:`~sift.detectors.schedule.LRSchedule` fields; ``objective``:
+    :class:`~sift.detectors.objective.Objective` fields over the class's :attr:`objective_defaults`."""
 
     #: width of the representation ``encode`` returns (needed for DANN); set by subclasses.
     representation_dim: int | None = None
+    #: the objective a detector class trains with when its config leaves a term unset
+    objective_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, *, name: str = "detector", channel_names: Sequence[str] = (),
                  feature_names: Sequence[str] = (), pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1,
-                 n_models: int = 1, lr: float = 1e-3, weight_decay: float = 0.0, env_reduction: str = "sum",
-                 use_irm: bool = False, irm_lambda: float = 1.0, irm_anneal_steps: int = 0,
-                 use_dann: bool = False, dann_weight: float = 0.5, dann_domain: str = "env",
-                 dann_hidden: int = 128, dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
-                 threshold_method: str = "youden", stats_max_batches: int = 200, warmup_steps: int = 0,
-                 lr_schedule: str = "constant", lr_min_ratio: float = 0.1,
-                 penalty_start_steps: int = 0, penalty_ramp_steps: int = 0) -> None:
+                 n_models: int = 1, optimizer: Mapping[str, Any] | None = None,
+                 scheduler: Mapping[str, Any] | None = None, objective: Mapping[str, Any] | None = None,
+                 threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
         super().__init__()
-        from sift.detectors.schedule import lr_lambda
-
-        lr_lambda(warmup_steps, 1, lr_schedule, lr_min_ratio)  # validates the schedule arguments
-        if warmup_steps < 0:
-            raise SiftError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        self.warmup_steps, self.lr_schedule, self.lr_min_ratio = int(warmup_steps), lr_schedule, float(lr_min_ratio)
-        if penalty_start_steps < 0 or penalty_ramp_steps < 0:
-            raise SiftError(f"penalty_start_steps and penalty_ramp_steps must be >= 0, got {penalty_start_steps}, "
-                            f"{penalty_ramp_steps}")
-        self.penalty_start_steps, self.penalty_ramp_steps = int(penalty_start_steps), int(penalty_ramp_steps)
-        if dann_schedule not in ("constant", "ganin"):
-            raise SiftError(f"dann_schedule must be 'constant' or 'ganin', got {dann_schedule!r}")
-        if env_reduction not in ("sum", "mean"):
-            raise SiftError(f"env_reduction must be 'sum' or 'mean', got {env_reduction!r}")
-        if dann_domain not in DANN_DOMAINS:
-            raise SiftError(f"dann_domain must be one of {DANN_DOMAINS}, got {dann_domain!r}")
+        self.optimizer_config = optimizer_config(optimizer)
+        self.lr_schedule = LRSchedule.build_from(scheduler)
+        self.objective = Objective.build(self.objective_defaults, objective)
         self.detector_name = name
         self.channel_names, self.feature_names = list(channel_names), list(feature_names)
         self.pooled_dim = int(pooled_dim)
         self.n_classes = {"env": int(n_envs), "domain": int(n_domains), "model": int(n_models)}
-        self.lr, self.weight_decay, self.env_reduction = lr, weight_decay, env_reduction
-        self.use_irm, self.irm_lambda, self.irm_anneal_steps = use_irm, irm_lambda, irm_anneal_steps
-        self.use_dann, self.dann_weight, self.dann_domain = use_dann, dann_weight, dann_domain
-        self.dann_hidden, self.dann_schedule, self.dann_lr_mult = dann_hidden, dann_schedule, dann_lr_mult
         self.threshold_method, self.stats_max_batches = threshold_method, stats_max_batches
         self.domain_classifier: DomainClassifier | None = None
         self.register_buffer("threshold", torch.tensor(0.5))
@@ -240,14 +243,15 @@ class DetectorModule(pl.LightningModule):
         return any(isinstance(m, Standardizer) and not bool(m.fitted) for m in self.modules())
 
     def build_dann_head(self) -> None:
-        """Create the domain classifier when ``use_dann`` (subclasses call this after setting
+        """Create the domain classifier when ``objective.use_dann`` (subclasses call this after setting
         ``representation_dim``)."""
-        if not self.use_dann:
+        if not self.objective.use_dann:
             return
         if not self.representation_dim:
             raise SiftError(f"{type(self).__name__} has no representation for DANN")
-        self.domain_classifier = DomainClassifier(self.representation_dim, self.n_classes[self.dann_domain],
-                                                  hidden=self.dann_hidden)
+        self.domain_classifier = DomainClassifier(self.representation_dim,
+                                                  self.n_classes[self.objective.dann_domain],
+                                                  hidden=self.objective.dann_hidden)
 
     # ---- inference
     def forward(self, batch: TraceBatch) -> torch.Tensor:
@@ -274,7 +278,7 @@ class DetectorModule(pl.LightningModule):
 
     # ---- training
     def _domain_ids(self, b: TraceBatch) -> torch.Tensor:
-        return getattr(b, self.dann_domain)
+        return getattr(b, self.objective.dann_domain)
 
     def training_step(self, batch: TraceBatch | Sequence[TraceBatch], batch_idx: int) -> torch.Tensor:
         envs = as_env_batches(batch)
@@ -284,21 +288,22 @@ class DetectorModule(pl.LightningModule):
         sizes = [len(b) for b in envs]
         risks = torch.stack([F.binary_cross_entropy_with_logits(l, t) for l, t in
                              zip(logits.split(sizes), y.split(sizes))])
-        reduce = torch.sum if self.env_reduction == "sum" else torch.mean
+        obj = self.objective
+        reduce = torch.sum if obj.env_reduction == "sum" else torch.mean
         risk = reduce(risks)
         loss = risk
         bs = len(cat)
         self.log("train/risk", risk, on_step=False, on_epoch=True, batch_size=bs)
-        if self.use_irm:
+        if obj.use_irm:
             pen = reduce(torch.stack([irm_penalty(l, t) for l, t in zip(logits.split(sizes), y.split(sizes))]))
-            w = self.irm_lambda if self.global_step >= self.irm_anneal_steps else 1.0
+            w = obj.irm_lambda if self.global_step >= obj.irm_anneal_steps else 1.0
             loss = loss + self.penalty_ramp() * w * pen
             self.log("train/irm_penalty", pen, on_step=False, on_epoch=True, batch_size=bs)
-        if self.use_dann:
+        if obj.use_dann:
             assert self.domain_classifier is not None and z is not None
             self.domain_classifier.grl.alpha = self._grl_alpha()
             dl = dann_penalty(self.domain_classifier, z, self._domain_ids(cat))
-            loss = loss + self.penalty_ramp() * self.dann_weight * dl
+            loss = loss + self.penalty_ramp() * obj.dann_weight * dl
             self.log("train/dann_loss", dl, on_step=False, on_epoch=True, batch_size=bs)
         self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=bs)
         return loss
@@ -309,32 +314,34 @@ class DetectorModule(pl.LightningModule):
         ``penalty_ramp_steps``. DomainBed's IRM anneal (``irm_anneal_steps``) is the same idea for IRM alone.
         Measured on organism v2 (issue 12): with the full penalties from step 0, SIFT's validation AUROC stalled
         near 0.6 for 100+ steps and 2 of 4 seeds early-stopped there; ERM alone converged on every seed tried."""
-        return ramp_factor(int(self.global_step), self.penalty_start_steps, self.penalty_ramp_steps)
+        return ramp_factor(int(self.global_step), self.objective.penalty_start_steps,
+                           self.objective.penalty_ramp_steps)
 
     def _grl_alpha(self) -> float:
         """Gradient-reversal coefficient: 1, or Ganin et al.'s ramp 2/(1+exp(−10p)) − 1 over training progress p."""
-        if self.dann_schedule == "constant" or self._trainer is None:
+        if self.objective.dann_schedule == "constant" or self._trainer is None:
             return 1.0
         total = max(1, int(self.trainer.estimated_stepping_batches))
         p = min(1.0, self.global_step / total)
         return float(2.0 / (1.0 + math.exp(-10.0 * p)) - 1.0)
 
     def configure_optimizers(self):
+        """The ``optimizer`` partial on two parameter groups: the detector's, and the domain classifier's at
+        ``objective.dann_lr_mult`` times the learning rate; the ``scheduler`` steps every optimizer step."""
         head = set(map(id, self.domain_classifier.parameters())) if self.domain_classifier is not None else set()
         main = [p for p in self.parameters() if p.requires_grad and id(p) not in head]
         groups = [{"params": main}] if main else []
         if head:
-            groups.append({"params": list(self.domain_classifier.parameters()), "lr": self.lr * self.dann_lr_mult})
+            groups.append({"params": list(self.domain_classifier.parameters())})
         if not groups:
             return None
-        opt = torch.optim.Adam(groups, lr=self.lr, weight_decay=self.weight_decay)
-        if self.warmup_steps == 0 and self.lr_schedule == "constant":
+        opt = build_optimizer(self.optimizer_config, groups)
+        if head:
+            opt.param_groups[-1]["lr"] = opt.defaults["lr"] * self.objective.dann_lr_mult
+        if self.lr_schedule.constant:
             return opt
-        from sift.detectors.schedule import lr_lambda
-
         total = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(self.warmup_steps, total, self.lr_schedule,
-                                                                 self.lr_min_ratio))
+        sched = self.lr_schedule.build(opt, total)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
 
     def on_fit_start(self) -> None:
@@ -462,10 +469,12 @@ def _train_loader(trainer: pl.Trainer) -> Any:
         return None
 
 
-def load_detector(path: str, map_location: str | torch.device = "cpu", **kwargs: Any) -> DetectorModule:
+def load_detector(path: str, map_location: str | torch.device = "cpu", trusted: Sequence[str] = (),
+                  **kwargs: Any) -> DetectorModule:
     """Load any detector checkpoint written by sift (its class is recorded in the checkpoint).
 
-    The file is read as data (``weights_only=True``); only :class:`DetectorModule` subclasses are built."""
+    The file is read as data (``weights_only=True``); only :class:`DetectorModule` subclasses are built, from
+    sift's own modules or a class named in ``trusted`` (the ``_target_`` of the run's detector config)."""
     from sift.checkpoints import load_checkpoint
 
     ckpt = load_checkpoint(path, map_location=map_location, what="detector checkpoint")
@@ -474,7 +483,8 @@ def load_detector(path: str, map_location: str | torch.device = "cpu", **kwargs:
         raise SiftError(f"{path}: not a sift detector checkpoint (no 'sift_detector' entry)")
     mod, _, name = info["class"].rpartition(".")
     try:
-        cls = getattr(importlib.import_module(mod), name) if mod.split(".")[0] in ("sift", "datamodules") else None
+        ours = mod.split(".")[0] in ("sift", "datamodules") or info["class"] in trusted
+        cls = getattr(importlib.import_module(mod), name) if ours else None
     except (ImportError, AttributeError):
         cls = None
     if not (isinstance(cls, type) and issubclass(cls, DetectorModule)):

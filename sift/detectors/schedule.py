@@ -10,6 +10,7 @@ rule, and whether a detector trained to convergence, the same at every data size
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pytorch_lightning as pl
@@ -93,9 +94,9 @@ def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_ratio: flo
     """Multiplier of the base learning rate at optimizer step s: linear warm-up from 1/(warmup+1) to 1 over
     ``warmup_steps``, then constant or a cosine decay to ``min_ratio`` at ``total_steps``."""
     if schedule not in LR_SCHEDULES:
-        raise SiftError(f"lr_schedule must be one of {LR_SCHEDULES}, got {schedule!r}")
+        raise SiftError(f"lr_schedule (detector.scheduler.kind) must be one of {LR_SCHEDULES}, got {schedule!r}")
     if not 0.0 <= min_ratio <= 1.0:
-        raise SiftError(f"lr_min_ratio must lie in [0, 1], got {min_ratio}")
+        raise SiftError(f"lr_min_ratio (detector.scheduler.min_ratio) must lie in [0, 1], got {min_ratio}")
 
     def f(step: int) -> float:
         if step < warmup_steps:
@@ -107,6 +108,39 @@ def lr_lambda(warmup_steps: int, total_steps: int, schedule: str, min_ratio: flo
         return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * p))
 
     return f
+
+
+@dataclass(frozen=True)
+class LRSchedule:
+    """``detector.scheduler``: linear warm-up over ``warmup_steps``, then ``kind`` (constant, or a cosine decay
+    to ``min_ratio``·lr at the run's last step)."""
+
+    warmup_steps: int = 0
+    kind: str = "constant"
+    min_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.warmup_steps < 0:
+            raise SiftError(f"detector.scheduler.warmup_steps must be >= 0, got {self.warmup_steps}")
+        lr_lambda(self.warmup_steps, 1, self.kind, self.min_ratio)  # validates kind and min_ratio
+
+    @classmethod
+    def build_from(cls, given: dict[str, Any] | None) -> LRSchedule:
+        """From a ``detector.scheduler`` mapping; an unknown key fails naming it."""
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise SiftError(f"detector.scheduler: unknown key(s) {unknown} (known: {sorted(cls.__dataclass_fields__)})")
+        return cls(**given)
+
+    @property
+    def constant(self) -> bool:
+        """True when the learning rate never changes (no scheduler is built)."""
+        return self.warmup_steps == 0 and self.kind == "constant"
+
+    def build(self, optimizer: torch.optim.Optimizer, total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.warmup_steps, total_steps, self.kind,
+                                                                      self.min_ratio))
 
 
 def training_record(trainer: pl.Trainer, model: Any, history: ValidationHistory | None) -> dict[str, Any]:

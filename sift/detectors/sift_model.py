@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from datamodules.batch import TraceBatch
 from datamodules.features import ATTENTION_STABILITY, EARLY_COMMITMENT, keep_channels
-from sift.detectors.module import DetectorModule, Standardizer, mlp
+from sift.detectors.module import DetectorModule, Standardizer, build_net, mlp
 
 if TYPE_CHECKING:
     from sift.detectors.fast_inference import SIFTDetectorInference
@@ -139,34 +140,27 @@ class SIFTNet(nn.Module):
 class SIFTDetector(DetectorModule):
     """SIFT as a Lightning detector: Σ_e R_e + λ_IRM Ω_IRM + λ_DANN Ω_DANN (paper eq. 14, Table 7).
 
-    Ablation switches (each removes its component): ``use_tcn`` (input goes straight to the projection),
-    ``use_transformer``, ``use_irm``, ``use_dann`` (no domain classifier is built),
+    ``net``: :class:`SIFTNet` keyword arguments (or another ``_target_`` taking ``in_channels``); ``optimizer``,
+    ``scheduler``, ``objective``: see :class:`~sift.detectors.module.DetectorModule` (IRM and DANN on by default).
+    Ablation switches (each removes its component): ``net.use_tcn`` (input goes straight to the projection),
+    ``net.use_transformer``, ``objective.use_irm``, ``objective.use_dann`` (no domain classifier is built),
     ``use_attention_stability`` / ``use_early_commitment`` (those channels are dropped from the input).
     Channels are standardised with statistics fitted on training steps (``standardize``).
     """
 
+    objective_defaults: ClassVar[dict[str, Any]] = {"use_irm": True, "use_dann": True}
+
     def __init__(self, *, name: str = "sift", channel_names: Sequence[str] = (), feature_names: Sequence[str] = (),
                  pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1, n_models: int = 1,
-                 kernels: Sequence[int] = (3, 5, 7, 11), filters: int = 64, d_model: int = 128,
-                 n_layers: int = 4, n_heads: int = 8, dim_feedforward: int = 256, dropout: float = 0.1,
-                 mlp_hidden: int = 128, use_tcn: bool = True, use_transformer: bool = True,
-                 encoder_chunk: int = 32, use_irm: bool = True, irm_lambda: float = 1.0, irm_anneal_steps: int = 0,
-                 use_dann: bool = True, dann_weight: float = 0.5, dann_domain: str = "env", dann_hidden: int = 128,
-                 dann_schedule: str = "constant", dann_lr_mult: float = 1.0,
+                 net: Mapping[str, Any] | None = None, optimizer: Mapping[str, Any] | None = None,
+                 scheduler: Mapping[str, Any] | None = None, objective: Mapping[str, Any] | None = None,
                  use_attention_stability: bool = True, use_early_commitment: bool = True,
-                 drop_channels: Sequence[str] = (), standardize: bool = True, lr: float = 1e-3,
-                 weight_decay: float = 0.0, env_reduction: str = "sum", threshold_method: str = "youden",
-                 stats_max_batches: int = 200, warmup_steps: int = 0, lr_schedule: str = "constant",
-                 lr_min_ratio: float = 0.1, penalty_start_steps: int = 0, penalty_ramp_steps: int = 0) -> None:
+                 drop_channels: Sequence[str] = (), standardize: bool = True, threshold_method: str = "youden",
+                 stats_max_batches: int = 200) -> None:
         super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
-                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models, lr=lr,
-                         weight_decay=weight_decay, env_reduction=env_reduction, use_irm=use_irm,
-                         irm_lambda=irm_lambda, irm_anneal_steps=irm_anneal_steps, use_dann=use_dann,
-                         dann_weight=dann_weight, dann_domain=dann_domain, dann_hidden=dann_hidden,
-                         dann_schedule=dann_schedule, dann_lr_mult=dann_lr_mult,
-                         threshold_method=threshold_method, stats_max_batches=stats_max_batches,
-                         warmup_steps=warmup_steps, lr_schedule=lr_schedule, lr_min_ratio=lr_min_ratio,
-                         penalty_start_steps=penalty_start_steps, penalty_ramp_steps=penalty_ramp_steps)
+                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models,
+                         optimizer=optimizer, scheduler=scheduler, objective=objective,
+                         threshold_method=threshold_method, stats_max_batches=stats_max_batches)
         self.save_hyperparameters(logger=False)
         drop = list(drop_channels)
         if not use_attention_stability:
@@ -177,9 +171,8 @@ class SIFTDetector(DetectorModule):
         self.kept_channels = [self.channel_names[i] for i in kept]
         self.register_buffer("channel_idx", torch.tensor(kept, dtype=torch.long), persistent=False)
         self.standardizer = Standardizer(len(kept)) if standardize else None
-        self.net = SIFTNet(len(kept), kernels, filters, d_model, n_layers, n_heads, dim_feedforward, dropout,
-                           mlp_hidden, use_tcn, use_transformer, encoder_chunk)
-        self.representation_dim = d_model
+        self.net = build_net(net, SIFTNet, in_channels=len(kept))
+        self.representation_dim = int(self.net.d_model)
         self.build_dann_head()
 
     @property
@@ -195,7 +188,7 @@ class SIFTDetector(DetectorModule):
     def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.net(self._inputs(batch), batch.mask)
 
-    def inference_engine(self, *, chunk: int = 128, int8: bool = False) -> "SIFTDetectorInference":
+    def inference_engine(self, *, chunk: int = 128, int8: bool = False) -> SIFTDetectorInference:
         """A frozen fast-inference snapshot (BN folded, one fused TCN conv, length-bucketed chunks; see
         :mod:`sift.detectors.fast_inference`): ``engine.probs(batch)`` equals ``self(batch)`` in eval mode
         (allclose). ``int8=True`` adds dynamic int8 quantisation of the Linear layers (approximate). The

@@ -236,14 +236,14 @@ def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = No
                       key: str = "") -> list[Section]:
     """Every appendix analysis, ``cfg.workers`` processes at a time, in the order of APPENDIX_ANALYSES.
 
-    Their CIs use ``cfg.appendix_resamples`` base-item resamples (each analysis loops over detectors, seeds,
-    axes and features in every replicate, so it costs far more per resample than the main tables). With
+    Their CIs use ``cfg.bootstrap.appendix_resamples`` base-item resamples (each analysis loops over detectors,
+    seeds, axes and features in every replicate, so it costs far more per resample than the main tables). With
     ``cache_dir``, each finished section is saved under its input ``key`` and reused by a rerun (a report
     interrupted half-way resumes)."""
     from sift.evaluation.appendix import APPENDIX_ANALYSES
     from sift.workers import process_pool
 
-    common = {"n_resamples": int(cfg.get("appendix_resamples", cfg.bootstrap_resamples)), "seed": int(cfg.seed)}
+    common = {"n_resamples": int(cfg.bootstrap.appendix_resamples), "seed": int(cfg.bootstrap.seed)}
     sgr = {"alpha": float(cfg.sgr.alpha), "delta": float(cfg.sgr.delta)}  # the report's one SGR operating point
     options = {"label_noise": sgr, "abstention": sgr}
     names = [a.name for a in APPENDIX_ANALYSES]
@@ -274,7 +274,7 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     for p in preds:
         if p.split == "test" and not ({"transfer_setting", "ablation", "matrix", "in_dist_of"} & set(p.meta)):
             main.setdefault(p.detector, []).append(p)
-    common = {"n_resamples": int(cfg.bootstrap_resamples), "seed": int(cfg.seed)}
+    common = {"n_resamples": int(cfg.bootstrap.resamples), "seed": int(cfg.bootstrap.seed)}
     inputs = {"runs": main, "pairs": pairs, "traces": TraceTable.from_corpus(corpus), "out_dir": report_dir}
     key = report_key(cfg, out, specs, files)
     stamp = report_dir / "report_key.txt"
@@ -286,11 +286,12 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     extra += companion(cfg, report_dir)
     meta = {"config_hash": config_hash(_settings(cfg)), "preset": cfg.preset_name,
             "seeds": list(cfg.seeds), "runs": [s.key for s in specs], "training": runs_training(out, specs)}
+    from sift.detectors.registry import detector_entries, reference_detector
     from sift.evaluation.controls import slice_ids_from_corpus
 
     options = ReportOptions.of(sgr={"alpha": cfg.sgr.alpha, "delta": cfg.sgr.delta, "bound": cfg.sgr.bound},
-                               reference="sift", title="sift-faithshift report",
-                               slice_ids=slice_ids_from_corpus(corpus), **common)
+                               reference=reference_detector(detector_entries(cfg.detectors)),
+                               title="sift-faithshift report", slice_ids=slice_ids_from_corpus(corpus), **common)
     report_from_predictions(preds, pairs, report_dir, options, extra_sections=[corpus_section(corpus), *extra],
                             meta=meta)
     results = report_dir / "results.json"
@@ -314,6 +315,6 @@ def report_key(cfg: DictConfig, out: Path, specs: list, files: dict[str, dict[st
 def _settings(cfg: DictConfig) -> dict:
     """The job's config without where it writes and how many processes it uses (neither changes a number)."""
     settings = OmegaConf.to_container(cfg, resolve=True)
-    for k in ("output_dir", "workers"):
+    for k in ("paths", "workers"):
         settings.pop(k, None)
     return settings

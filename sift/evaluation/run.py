@@ -295,12 +295,12 @@ def evaluate(cfg: Any) -> dict[str, Any]:
                         "or predictions=[...] (.npz files or folders)")
     extra = companion(cfg, out_dir)
     options = ReportOptions.of(
-        sgr=cfg.get("selective") or {}, split=split, calib_split=None if calib_split is None else str(calib_split),
+        sgr=cfg.sgr, bootstrap=cfg.bootstrap, split=split, calib_split=None if calib_split is None else str(calib_split),
         select_split=None if select_split is None else str(select_split),
         alphas=cfg.get("alphas") or (0.25, 0.30), coverages=cfg.get("coverages") or DEFAULT_COVERAGES,
         match_coverage=float(cfg.get("match_coverage") or 0.70), reference=cfg.get("reference"),
-        families=dict(cfg.families) if cfg.get("families") else None, n_resamples=int(cfg.get("n_resamples", 1000)),
-        seed=int(cfg.get("seed") or 0), title=str(cfg.get("title") or "sift evaluation"), slice_ids=_slice_ids(cfg))
+        families=dict(cfg.families) if cfg.get("families") else None, title=str(cfg.get("title") or "sift evaluation"),
+        slice_ids=_slice_ids(cfg))
     sections = report_from_predictions(
         preds, pairs, out_dir, options, extra_sections=extra,
         meta={"detectors": [s.__dict__ for s in specs],

@@ -8,8 +8,7 @@ import torch
 from datamodules.batch import TraceBatch
 from datamodules.synthetic_datamodule import SyntheticDataModule
 from sift.detectors import DataSpec, LogisticDetector, MLPDetector
-from datamodules.features import (BEHAVIOUR_PREFIX, CF_PREFIX, CUE_PREFIX, INTERNAL_PREFIX,
-                                     organism_channel_names)
+from datamodules.features import BEHAVIOUR_PREFIX, CF_PREFIX, CUE_PREFIX, INTERNAL_PREFIX, organism_channel_names
 from sift.errors import SiftError
 from sift.metrics import auroc
 
@@ -29,11 +28,11 @@ def spec(dm):
 def test_prefix_selection(spec):
     cue = LogisticDetector(**spec, inputs="features", prefixes=[CUE_PREFIX])
     assert cue.selector.names and all(n.startswith("cue/") for n in cue.selector.names)
-    inst = MLPDetector(**spec, inputs="features", prefixes=[BEHAVIOUR_PREFIX, INTERNAL_PREFIX], hidden=128)
+    inst = MLPDetector(**spec, inputs="features", prefixes=[BEHAVIOUR_PREFIX, INTERNAL_PREFIX], net={"hidden": 128})
     assert {n.split("/")[0] for n in inst.selector.names} == {"beh", "int"}
-    assert inst.body[0].out_features == 128
-    cf = MLPDetector(**spec, inputs="features", prefixes=[CF_PREFIX], hidden=64)
-    assert all(n.startswith("cf/") for n in cf.selector.names) and cf.body[0].out_features == 64
+    assert inst.net.body[0].out_features == 128
+    cf = MLPDetector(**spec, inputs="features", prefixes=[CF_PREFIX], net={"hidden": 64})
+    assert all(n.startswith("cf/") for n in cf.selector.names) and cf.net.body[0].out_features == 64
     with pytest.raises(SiftError, match="no feature name starts with"):
         LogisticDetector(**{**spec, "feature_names": ["beh/x"]}, inputs="features", prefixes=[CUE_PREFIX])
 
@@ -77,7 +76,7 @@ def test_each_baseline_trains_through_lightning(dm, spec, kind, tmp_path):
 
     cfg = OmegaConf.load(f"{CONFIG_DIR}/detector/{kind}.yaml")
     pl.seed_everything(0)
-    m = instantiate_node(cfg, drop=("name", *DETECTOR_RUN_KEYS), **spec)
+    m = instantiate_node(cfg, exclude=DETECTOR_RUN_KEYS, **spec)
     tr = pl.Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, default_root_dir=tmp_path)
     tr.fit(m, dm)

@@ -10,8 +10,9 @@ from sift.detectors import EnsembleDetector, SIFTDetector, fit_threshold, load_d
 from sift.training import git_state, hparams_hash, run_hash, train
 
 #: a small SIFT (same architecture, narrower) for fast tests
-SMALL_SIFT = ["detector.d_model=32", "detector.filters=16", "detector.n_layers=1", "detector.n_heads=4",
-              "detector.dim_feedforward=64", "detector.mlp_hidden=32", "detector.dann_hidden=32"]
+SMALL_SIFT = ["detector.net.d_model=32", "detector.net.filters=16", "detector.net.n_layers=1",
+              "detector.net.n_heads=4", "detector.net.dim_feedforward=64", "detector.net.mlp_hidden=32",
+              "detector.objective.dann_hidden=32"]
 
 
 def _preds(rec, dm_loader="test"):

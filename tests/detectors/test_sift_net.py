@@ -103,27 +103,27 @@ def test_ablation_switches_remove_components():
     full = SIFTDetector(**DATA)
     n_full = n_parameters(full)
 
-    no_tcn = SIFTDetector(**DATA, use_tcn=False)
+    no_tcn = SIFTDetector(**DATA, net={"use_tcn": False})
     assert no_tcn.net.tcn is None and _count(no_tcn, nn.Conv1d) == 0 and _count(full, nn.Conv1d) == 4
     tcn_params = n_parameters(full.net.tcn) + n_parameters(full.net.proj) - n_parameters(no_tcn.net.proj)
     assert n_full - n_parameters(no_tcn) == tcn_params > 0
 
-    no_tr = SIFTDetector(**DATA, use_transformer=False)
+    no_tr = SIFTDetector(**DATA, net={"use_transformer": False})
     assert no_tr.net.encoder is None and _count(no_tr, nn.TransformerEncoderLayer) == 0
     assert n_full - n_parameters(no_tr) == n_parameters(full.net.encoder) > 0
 
-    no_dann = SIFTDetector(**DATA, use_dann=False)
+    no_dann = SIFTDetector(**DATA, objective={"use_dann": False})
     assert no_dann.domain_classifier is None
     assert n_full - n_parameters(no_dann) == n_parameters(full.domain_classifier) > 0
     assert full.domain_classifier.net[-1].out_features == 3  # env ids
-    assert SIFTDetector(**DATA, dann_domain="domain").domain_classifier.net[-1].out_features == 2
+    assert SIFTDetector(**DATA, objective={"dann_domain": "domain"}).domain_classifier.net[-1].out_features == 2
 
     no_as = SIFTDetector(**DATA, use_attention_stability=False)
     assert no_as.in_channels == 8 and ATTENTION_STABILITY not in no_as.kept_channels
     assert all(c.in_channels == 8 for c in no_as.net.tcn.convs)
     no_ec = SIFTDetector(**DATA, use_early_commitment=False)
     assert no_ec.in_channels == 8 and EARLY_COMMITMENT not in no_ec.kept_channels
-    both = SIFTDetector(**DATA, use_attention_stability=False, use_early_commitment=False, use_tcn=False)
+    both = SIFTDetector(**DATA, use_attention_stability=False, use_early_commitment=False, net={"use_tcn": False})
     assert both.net.proj.in_features == 7
     # the dropped channel really is not read: changing it does not change the output
     x, mask = _inputs()
@@ -147,7 +147,8 @@ def test_no_irm_switch_skips_the_penalty(monkeypatch):
                    pooled=torch.zeros(4, 4), features=torch.zeros(4, 1))
     for use_irm, expected in [(False, 0), (True, 2)]:
         calls.clear()
-        m = SIFTDetector(**DATA, use_irm=use_irm, d_model=16, filters=4, n_layers=1, n_heads=2)
+        m = SIFTDetector(**DATA, objective={"use_irm": use_irm},
+                         net={"d_model": 16, "filters": 4, "n_layers": 1, "n_heads": 2})
         m.log = lambda *a, **k: None
         m.training_step(b, 0)  # one mixed batch is split by env: two environments
         assert len(calls) == expected
@@ -159,13 +160,19 @@ def test_unknown_channel_or_domain_kind_is_a_clear_error():
     with pytest.raises(SiftError, match="attention_stability"):
         SIFTDetector(**{**DATA, "channel_names": CH[:-1]}, use_attention_stability=False)
     with pytest.raises(SiftError, match="dann_domain"):
-        SIFTDetector(**DATA, dann_domain="task")
+        SIFTDetector(**DATA, objective={"dann_domain": "task"})
+    with pytest.raises(SiftError, match=r"detector.objective: unknown key\(s\) \['irm_lamda'\]"):
+        SIFTDetector(**DATA, objective={"irm_lamda": 2.0})
+    with pytest.raises(SiftError, match=r"detector.scheduler: unknown key\(s\) \['warmup'\]"):
+        SIFTDetector(**DATA, scheduler={"warmup": 5})
+    with pytest.raises(SiftError, match="_partial_"):
+        SIFTDetector(**DATA, optimizer={"_partial_": False})
 
 
 @pytest.mark.parametrize("preset,check", [
     ("no_tcn", lambda m: m.net.tcn is None),
     ("no_transformer", lambda m: m.net.encoder is None),
-    ("no_irm", lambda m: m.use_irm is False),
+    ("no_irm", lambda m: m.objective.use_irm is False),
     ("no_dann", lambda m: m.domain_classifier is None),
     ("no_attention_stability", lambda m: ATTENTION_STABILITY not in m.kept_channels and m.in_channels == 8),
     ("no_early_commitment", lambda m: EARLY_COMMITMENT not in m.kept_channels and m.in_channels == 8),
@@ -174,8 +181,32 @@ def test_ablation_presets_switch_off_their_component(compose_train, preset, chec
     """`sift-train ablation=<preset>` builds the detector without that component (configs/ablation/)."""
     from sift.training import DETECTOR_RUN_KEYS, instantiate_node
 
-    full = instantiate_node(compose_train("detector=sift").detector, drop=DETECTOR_RUN_KEYS, **DATA)
-    m = instantiate_node(compose_train("detector=sift", f"ablation={preset}").detector, drop=DETECTOR_RUN_KEYS, **DATA)
+    full = instantiate_node(compose_train("detector=sift").detector, exclude=DETECTOR_RUN_KEYS, **DATA)
+    m = instantiate_node(compose_train("detector=sift", f"ablation={preset}").detector, exclude=DETECTOR_RUN_KEYS,
+                         **DATA)
     assert check(m) and not check(full)
     if preset not in ("no_irm",):  # IRM has no parameters; the others remove weights
         assert n_parameters(m) < n_parameters(full)
+
+
+def test_the_optimizer_is_the_configured_partial(compose_train):
+    """detector.optimizer builds the optimizer (Adam by default) on the detector's and the domain classifier's
+    parameter groups; detector.scheduler wraps it in the warm-up + cosine LambdaLR."""
+    from sift.training import DETECTOR_RUN_KEYS, instantiate_node
+
+    def build(*overrides):
+        cfg = compose_train("detector=sift", *overrides).detector
+        return instantiate_node(cfg, exclude=DETECTOR_RUN_KEYS, **DATA)
+
+    m = build("detector.optimizer.weight_decay=0.01")
+    out = m.configure_optimizers()
+    opt = out["optimizer"]
+    assert type(opt) is torch.optim.Adam and opt.defaults["weight_decay"] == 0.01
+    assert [g["initial_lr"] for g in opt.param_groups] == [1e-3, 1e-3]  # dann_lr_mult 1
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(m.parameters()))
+    assert type(out["lr_scheduler"]["scheduler"]) is torch.optim.lr_scheduler.LambdaLR
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 / 21)  # step 0 of the 20-step warm-up
+    sgd = build("detector.optimizer._target_=torch.optim.SGD", "detector.optimizer.lr=0.1",
+                "detector.scheduler.warmup_steps=0", "detector.scheduler.kind=constant")
+    opt = sgd.configure_optimizers()
+    assert type(opt) is torch.optim.SGD and [g["lr"] for g in opt.param_groups] == [0.1, 0.1]

@@ -17,7 +17,7 @@ from sift.errors import SiftError
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "SIFT_NO_GIT": "1", "PYTHONUNBUFFERED": "1"}
 TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "seeds=[0,1]", "max_epochs=2", "ablations=[]",
-        "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap_resamples=30", "wandb=false", "workers=2",
+        "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30", "wandb=false", "workers=2",
         "instance_ensemble=[hidden_probe,biasing_features]"]
 
 
@@ -89,29 +89,32 @@ def test_os_errors_are_one_line(tmp_path, capsys):
 
 
 def test_unwritable_output_folder_is_one_line_before_any_work(tmp_path):
-    from sift.faithshift import compose, run_faithshift
+    from sift.config import compose
+    from sift.faithshift import run_faithshift
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    cfg = compose("faithshift", [f"output_dir={blocker / 'out'}", *TINY])
-    with pytest.raises(SiftError, match=f"output_dir {blocker / 'out'}: not writable"):
+    cfg = compose("faithshift", [f"paths.output_dir={blocker / 'out'}", *TINY])
+    with pytest.raises(SiftError, match=f"paths.output_dir {blocker / 'out'}: not writable"):
         run_faithshift(cfg)
 
 
 # ------------------------------------------------------------------------------------ 6-8: plan validation
 @pytest.mark.parametrize("override, message", [
-    ("detectors=[siftt,hidden_probe]", r"run main/siftt/seed0 \(detector=siftt\): .*siftt"),
+    ("detectors=[siftt,hidden_probe]", r"detector 'siftt': .*siftt"),
     ('train_overrides=["data.holdout_domain=poetry"]', r"data.holdout_domain='poetry' is not a corpus domain"),
     ("max_epochs=-1", r"max_epochs: expected an integer >= 1, got -1"),
     ('train_overrides=["trainer.max_epochs=-1"]', r"trainer.max_epochs must be an integer >= 1, got -1"),
-    ("n_items=abc", r"n_items: expected an integer >= 1, got 'abc'"),
+    ("n_items=0", r"n_items: expected an integer >= 1, got 0"),
 ])
 def test_the_whole_plan_is_validated_before_any_work(tmp_path, override, message):
-    from sift.faithshift import compose, run_faithshift
+    from sift.config import compose
+    from sift.faithshift import run_faithshift
 
     out = tmp_path / "out"
     key = override.split("=", 1)[0]
-    cfg = compose("faithshift", [f"output_dir={out}", *[o for o in TINY if not o.startswith(key + "=")], override])
+    cfg = compose("faithshift", [f"paths.output_dir={out}", *[o for o in TINY if not o.startswith(key + "=")],
+                                 override])
     with pytest.raises(SiftError, match=message):
         run_faithshift(cfg)
     assert not out.exists()  # refused before the first stage: not even the output folder was made
@@ -136,7 +139,7 @@ def test_a_missing_checkpoint_to_resume_from_leaves_no_half_created_run_folder(c
 def test_sift_corpus_refuses_a_non_integer_item_count(tmp_path):
     from hydra.errors import ConfigCompositionException
 
-    from sift.faithshift import compose
+    from sift.config import compose
 
     with pytest.raises(ConfigCompositionException, match="n_items"):
         compose("corpus", [f"output_dir={tmp_path / 'c'}", "n_items=abc"])
@@ -188,7 +191,7 @@ def test_lock_takes_over_from_a_dead_owner(tmp_path, capsys):
 
 def test_two_main_jobs_on_one_folder_exactly_one_proceeds(tmp_path):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "sift.cli.faithshift", *TINY, f"output_dir={out}"]
+    cmd = [sys.executable, "-m", "sift.cli.faithshift", *TINY, f"paths.output_dir={out}"]
     first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
     try:
         _wait(lambda: (out / ".sift.lock").is_file() and f"pid {first.pid} " in (out / ".sift.lock").read_text(),
@@ -251,7 +254,7 @@ def test_killing_the_parent_stops_every_pool_worker(tmp_path, sig):
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killing_the_main_job_with_runs_in_flight_leaves_no_worker(tmp_path, sig):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "sift.cli.faithshift", *TINY, f"output_dir={out}"]
+    cmd = [sys.executable, "-m", "sift.cli.faithshift", *TINY, f"paths.output_dir={out}"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, cwd=REPO)
     seen: set[int] = set()
 

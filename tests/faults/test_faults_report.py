@@ -32,7 +32,7 @@ def test_interrupted_appendix_resumes_from_finished_sections(tmp_path, monkeypat
                         results={"x": np.float64(1 / 3), "n": np.int64(7), "f": np.float32(0.1), "nan": float("nan")})]
 
     monkeypatch.setattr(appendix, "run_appendix", fake)
-    cfg = OmegaConf.create({"workers": 1, "appendix_resamples": 10, "bootstrap_resamples": 10, "seed": 0,
+    cfg = OmegaConf.create({"workers": 1, "bootstrap": {"resamples": 10, "appendix_resamples": 10, "seed": 0},
                             "sgr": {"alpha": 0.25, "delta": 0.05}})
     fail = {"on": True}
     with pytest.raises(KeyboardInterrupt):

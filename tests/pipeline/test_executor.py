@@ -12,9 +12,10 @@ import cloudpickle
 import pytest
 from omegaconf import OmegaConf
 
+from sift.config import compose
 from sift.engine import gpus_per_job, run_jobs, validate_executor
 from sift.errors import SiftError
-from sift.faithshift import RunSpec, compose
+from sift.faithshift import RunSpec
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # SLURM tasks unpickle this module's job functions
 
@@ -104,7 +105,8 @@ def cluster(tmp_path, monkeypatch):
 
 
 def _cfg(tmp_path, **executor):
-    base = OmegaConf.to_container(OmegaConf.load(Path(__file__).resolve().parents[2] / "sift/configs/executor/slurm.yaml"))
+    slurm = Path(__file__).resolve().parents[2] / "sift/configs/executor/slurm.yaml"
+    base = OmegaConf.to_container(OmegaConf.load(slurm))
     base.update(folder=str(tmp_path / "logs"), poll_s=0.05, partition="gpu-test", array_parallelism=2, **executor)
     return OmegaConf.create({"workers": 1, "train_overrides": ["trainer=gpu"], "executor": base})
 
@@ -168,7 +170,7 @@ def test_slurm_gives_up_after_the_retry(tmp_path, cluster):
 
 
 def test_executor_config_is_checked_before_any_work(tmp_path, cluster, monkeypatch):
-    cfg = compose("faithshift", [f"output_dir={tmp_path}", "executor=slurm", "executor.mem_gb=0"])
+    cfg = compose("faithshift", [f"paths.output_dir={tmp_path}", "executor=slurm", "executor.mem_gb=0"])
     with pytest.raises(SiftError, match="executor.mem_gb: expected an integer >= 1, got 0"):
         validate_executor(cfg)
     assert gpus_per_job(compose("faithshift", ["executor=slurm", 'train_overrides=["trainer=gpu"]'])) == 1
@@ -231,11 +233,11 @@ def test_slurm_runs_the_missing_corpus_chunks_as_one_array_job(tmp_path, cluster
 def test_the_corpus_stage_takes_the_main_jobs_executor_and_workers(tmp_path):
     from sift.faithshift import corpus_config
 
-    cfg = compose("faithshift", [f"output_dir={tmp_path}", "executor=slurm", "workers=3",
+    cfg = compose("faithshift", [f"paths.output_dir={tmp_path}", "executor=slurm", "workers=3",
                                  "executor.partition=big"])
     c = corpus_config(cfg, tmp_path)
     assert c.workers == 3 and c.executor.kind == "slurm" and c.executor.partition == "big"
     assert c.executor.folder == str(tmp_path / "slurm")
-    own = corpus_config(compose("faithshift", [f"output_dir={tmp_path}", "workers=3",
+    own = corpus_config(compose("faithshift", [f"paths.output_dir={tmp_path}", "workers=3",
                                                "corpus_overrides=['workers=1']"]), tmp_path)
     assert own.workers == 1 and own.executor.kind == "local"

@@ -6,17 +6,18 @@ import math
 
 import pytest
 
-from sift.faithshift import compose, run_faithshift
+from sift.config import compose
+from sift.faithshift import run_faithshift
 
-TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface]", "seeds=[0,1]", "max_epochs=2", "ablations=[]",
-        "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap_resamples=30", "wandb=false", "workers=1",
-        "instance_ensemble=[hidden_probe,biasing_features]"]
+TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface]", "seeds=[0,1]",
+        "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30",
+        "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]"]
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("faithshift")
-    cfg = compose("faithshift", [f"output_dir={out}", *TINY])
+    cfg = compose("faithshift", [f"paths.output_dir={out}", *TINY])
     return cfg, out, run_faithshift(cfg)
 
 
@@ -76,7 +77,7 @@ def test_parallel_workers_give_the_same_predictions(job, tmp_path):
     import numpy as np
 
     _, out1, _ = job
-    cfg = compose("faithshift", [f"output_dir={tmp_path}", *[o for o in TINY if not o.startswith("workers=")],
+    cfg = compose("faithshift", [f"paths.output_dir={tmp_path}", *[o for o in TINY if not o.startswith("workers=")],
                                  "workers=2"])
     run_faithshift(cfg)
     for d in ("hidden_probe", "biasing_features"):
@@ -91,15 +92,15 @@ def test_step_caps_per_detector_reach_each_run_and_bad_caps_are_refused(tmp_path
     from sift.errors import SiftError
     from sift.faithshift import plan_runs, train_config, validate_plan
 
-    cfg = compose("faithshift", [f"output_dir={tmp_path}", "preset=quick", "max_steps_by_detector={sift: 245}"])
+    cfg = compose("faithshift", [f"paths.output_dir={tmp_path}", "preset=quick", "max_steps_by_detector={sift: 245}"])
     by_det = {}
     for spec in plan_runs(cfg):
         by_det.setdefault(spec.detector, train_config(cfg, tmp_path, spec).trainer)
     assert by_det["sift"].max_steps == 245 and by_det["sift"].max_epochs == 4
     assert by_det["hidden_probe"].get("max_steps", -1) == -1    # no cap: Lightning's default (unlimited)
-    bad = compose("faithshift", [f"output_dir={tmp_path}", "preset=quick", "max_steps_by_detector={sift: 0}"])
+    bad = compose("faithshift", [f"paths.output_dir={tmp_path}", "preset=quick", "max_steps_by_detector={sift: 0}"])
     with pytest.raises(SiftError, match="max_steps_by_detector.sift"):
         validate_plan(bad, tmp_path / "x")
-    typo = compose("faithshift", [f"output_dir={tmp_path}", "preset=quick", "undertrained_detectors=[instance]"])
+    typo = compose("faithshift", [f"paths.output_dir={tmp_path}", "preset=quick", "undertrained_detectors=[instance]"])
     with pytest.raises(SiftError, match="undertrained_detectors: 'instance'"):
         validate_plan(typo, tmp_path / "y")

@@ -1,0 +1,94 @@
+"""The detector registry: a detector is its config file ``configs/detector/<name>.yaml`` (``_target_``: its
+LightningModule class) and what that file declares under ``registry`` about how the main job treats it.
+
+    registry:
+      reference: true    # the report's reference detector (the matched comparisons test the others against it)
+      cost: 10           # relative training cost: the main job starts the costliest runs first
+      ablations: true    # the ablation presets (configs/ablation/) apply: the main job's ablation runs train it
+      factorial: true    # the objective × architecture design trains it with the other objective too
+
+Every key is optional (defaults: not the reference, cost 1, no ablations, no factorial cell). The objective a
+detector trains with is read from its ``objective`` node: ``irm_dann`` (IRM and DANN on), ``erm`` (both off),
+``irm`` / ``dann`` (one of them), or None for a detector without one (a fitted-once model). A user's
+``--config-dir`` folder may add detectors: a ``detector/<name>.yaml`` there is registered like a shipped one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sift.errors import SiftError
+
+#: the keys of a detector config's ``registry`` node
+REGISTRY_KEYS = ("reference", "cost", "ablations", "factorial")
+
+
+@dataclass(frozen=True)
+class DetectorEntry:
+    """One registered detector."""
+
+    name: str
+    target: str  # its LightningModule class
+    reference: bool = False
+    cost: float = 1.0
+    ablations: bool = False
+    factorial: bool = False
+    objective: str | None = None  # irm_dann | irm | dann | erm, None: no trainable objective
+
+    @classmethod
+    def from_config(cls, name: str, node: Mapping[str, Any]) -> DetectorEntry:
+        """The entry of a detector config (``cfg.detector`` of a composed ``train`` config)."""
+        reg = dict(node.get("registry") or {})
+        unknown = sorted(set(reg) - set(REGISTRY_KEYS))
+        if unknown:
+            raise SiftError(f"detector/{name}.yaml: registry: unknown key(s) {unknown} (known: {list(REGISTRY_KEYS)})")
+        return cls(name=name, target=str(node.get("_target_", "")), reference=bool(reg.get("reference", False)),
+                   cost=float(reg.get("cost", 1.0)), ablations=bool(reg.get("ablations", False)),
+                   factorial=bool(reg.get("factorial", False)), objective=objective_label(node))
+
+    def factorial_cell(self) -> tuple[str, list[str]]:
+        """The other objective's cell of the factorial design: its variant name and ``sift-train`` overrides
+        (IRM+DANN ↔ ERM), e.g. ``("sift_erm", [...use_irm=false, ...use_dann=false])``."""
+        if self.objective not in ("irm_dann", "erm"):
+            raise SiftError(f"detector {self.name}: registry.factorial needs an objective with IRM and DANN both "
+                            f"on or both off, got {self.objective!r}")
+        flip = "erm" if self.objective == "irm_dann" else "irm_dann"
+        on = str(flip == "irm_dann").lower()
+        return f"{self.name}_{flip}", [f"detector.objective.use_irm={on}", f"detector.objective.use_dann={on}"]
+
+
+def objective_label(node: Mapping[str, Any]) -> str | None:
+    """``irm_dann``, ``irm``, ``dann`` or ``erm`` from a detector config's ``objective`` node (None without one)."""
+    obj = node.get("objective")
+    if obj is None:
+        return None
+    irm, dann = bool(obj.get("use_irm", False)), bool(obj.get("use_dann", False))
+    return {(True, True): "irm_dann", (True, False): "irm", (False, True): "dann"}.get((irm, dann), "erm")
+
+
+def detector_entries(names: Iterable[str]) -> dict[str, DetectorEntry]:
+    """The registry entries of the named detectors (each composed from its config, so a user's config folder
+    and overrides apply); raises SiftError naming a detector without a config."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from sift.config import compose
+
+    out = {}
+    for name in dict.fromkeys(str(n) for n in names):
+        try:
+            node = compose("train", [f"detector={name}", "paths.output_dir=."]).detector
+        except (HydraException, OmegaConfBaseException) as e:
+            raise SiftError(f"detector {name!r}: {str(e).splitlines()[0]}") from None
+        out[name] = DetectorEntry.from_config(name, node)
+    return out
+
+
+def reference_detector(entries: Mapping[str, DetectorEntry]) -> str | None:
+    """The name of the reference detector among ``entries`` (None when none is; an error when several are)."""
+    refs = [n for n, e in entries.items() if e.reference]
+    if len(refs) > 1:
+        raise SiftError(f"several reference detectors ({', '.join(refs)}): registry.reference may be true for one")
+    return refs[0] if refs else None

@@ -1,0 +1,88 @@
+"""Adding a detector is one module file plus one config file: a new detector, written to a folder outside the
+package with its ``detector/<name>.yaml`` in a user config folder (``--config-dir`` / ``$SIFT_CONFIG_DIR``), is
+registered, trained by a tiny main job and reported next to the shipped ones."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+
+from sift.config import compose
+from sift.detectors.registry import DetectorEntry, detector_entries, reference_detector
+
+MODULE = '''
+"""A linear probe on the pooled final-layer state, trained by the configured optimizer (one file)."""
+from torch import nn
+
+from sift.detectors.module import DetectorModule
+
+
+class PooledLinearDetector(DetectorModule):
+    def __init__(self, *, name="pooled_linear", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.save_hyperparameters(logger=False)
+        self.net = nn.Linear(self.pooled_dim, 1)
+
+    def encode(self, batch):
+        return self.net(batch.pooled.float()).squeeze(-1), None
+'''
+
+CONFIG = '''
+_target_: my_detectors.PooledLinearDetector
+name: pooled_linear
+optimizer:
+  _target_: torch.optim.Adam
+  _partial_: true
+  lr: 1.0e-2
+registry:
+  cost: 2
+'''
+
+TINY = ["n_items=16", "detectors=[hidden_probe,pooled_linear]", "controls=[]", "seeds=[0]", "max_epochs=1",
+        "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=10",
+        "bootstrap.appendix_resamples=5", "wandb=false", "workers=1", "instance_ensemble=[]"]
+
+
+@pytest.fixture
+def new_detector(tmp_path, monkeypatch):
+    """The new detector's module (on sys.path) and its config (in a user config folder)."""
+    code, configs = tmp_path / "code", tmp_path / "configs"
+    code.mkdir()
+    (configs / "detector").mkdir(parents=True)
+    (code / "my_detectors.py").write_text(textwrap.dedent(MODULE))
+    (configs / "detector" / "pooled_linear.yaml").write_text(textwrap.dedent(CONFIG))
+    monkeypatch.syspath_prepend(str(code))
+    monkeypatch.setenv("SIFT_CONFIG_DIR", str(configs))
+    yield tmp_path
+    sys.modules.pop("my_detectors", None)
+
+
+def test_shipped_registry_declares_the_reference_and_the_factorial_cells():
+    reg = detector_entries(["sift", "instance_level", "hidden_probe", "counterfactual"])
+    assert reference_detector(reg) == "sift"
+    assert (reg["sift"].objective, reg["sift"].ablations, reg["sift"].cost) == ("irm_dann", True, 10.0)
+    assert reg["sift"].factorial_cell() == ("sift_erm", ["detector.objective.use_irm=false",
+                                                         "detector.objective.use_dann=false"])
+    assert reg["instance_level"].factorial_cell()[0] == "instance_level_irm_dann"
+    assert reg["hidden_probe"] == DetectorEntry("hidden_probe", "sift.detectors.baselines.LogisticDetector")
+    assert not reg["counterfactual"].factorial and reg["counterfactual"].objective is None
+
+
+def test_a_new_detector_is_registered_trained_and_reported(new_detector):
+    from sift.faithshift import plan_runs, run_faithshift
+
+    entry = detector_entries(["pooled_linear"])["pooled_linear"]
+    assert (entry.target, entry.cost, entry.reference) == ("my_detectors.PooledLinearDetector", 2.0, False)
+    out = new_detector / "job"
+    cfg = compose("faithshift", [f"paths.output_dir={out}", *TINY])
+    assert [s.key for s in plan_runs(cfg)] == ["main/hidden_probe/seed0", "main/pooled_linear/seed0"]
+    run_faithshift(cfg)
+    record = json.loads((out / "runs" / "main" / "pooled_linear" / "seed0" / "results.json").read_text())
+    assert record["status"] == "done" and record["global_step"] > 0 and 0 <= record["metrics"]["val/auroc"] <= 1
+    results = json.loads((out / "report" / "results.json").read_text())
+    auroc = results["main_table"]["detectors"]["pooled_linear"]["in_dist_auroc"]
+    assert 0 <= auroc["estimate"] <= 1 and auroc["low"] <= auroc["estimate"] <= auroc["high"]
+    assert "pooled_linear" in (out / "report" / "report.md").read_text()
