@@ -57,7 +57,7 @@ class OutputLock:
         self.command = command or Path(sys.argv[0]).name
         self._fd: int | None = None
 
-    def acquire(self) -> "OutputLock":
+    def acquire(self) -> OutputLock:
         key = str(self.path.resolve()) if self.path.parent.exists() else str(self.path.absolute())
         if OutputLock._held.get(key):
             OutputLock._held[key] += 1
@@ -116,7 +116,7 @@ class OutputLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "OutputLock":
+    def __enter__(self) -> OutputLock:
         return self.acquire()
 
     def __exit__(self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:

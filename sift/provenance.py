@@ -6,8 +6,9 @@ import hashlib
 import json
 import os
 import platform
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from sift import __version__
 

@@ -6,8 +6,9 @@ import csv
 import io
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 DEFAULT_METRICS = ("val/auroc", "test/auroc", "test/balanced_acc", "transfer/auroc", "val/threshold")
 ID_COLUMNS = ("detector", "data", "kind", "seed", "config_hash", "run")

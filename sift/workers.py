@@ -7,9 +7,9 @@ import multiprocessing as mp
 import os
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from typing import Iterator
 
 #: seconds between a worker's checks that its parent is alive
 PARENT_POLL_S = 0.5

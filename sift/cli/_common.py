@@ -8,14 +8,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from omegaconf import DictConfig
 
 from sift.errors import SiftError
-
 from sift.resources import config_dir, register_resolvers
 
 register_resolvers()

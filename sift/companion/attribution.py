@@ -21,9 +21,9 @@ in-house estimator is checked against exact Shapley enumeration in ``tests/compa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Callable, Hashable, Sequence
 
 import numpy as np
 

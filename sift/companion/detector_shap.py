@@ -14,8 +14,8 @@ are solved per trace from the same cached values (zero extra detector calls).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 

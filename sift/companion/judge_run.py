@@ -15,9 +15,10 @@ generated greedily after the chosen verdict. ``verdict_mode='generate'`` generat
 from __future__ import annotations
 
 import random
-from functools import partial
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import partial
+from typing import Any
 
 import numpy as np
 

@@ -16,9 +16,10 @@ space at the position after ``answer :``, teacher-forced on the trace's exact to
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

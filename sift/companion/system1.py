@@ -10,8 +10,8 @@ expanded to (1 − P, P)) and integer gold labels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 from scipy import stats

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from sift import __version__
-from sift.metrics.classification import auroc_kernel
 from sift.corpus.axes import AXES
+from sift.metrics.classification import auroc_kernel
 
 
 def last_value_equals_answer(record: dict) -> int:
@@ -23,11 +23,11 @@ def last_value_equals_answer(record: dict) -> int:
 
 def shortcut_aurocs(records: list[dict], seed: int = 0) -> dict[str, float]:
     """Cross-validated AUROC of length+domain logistic regression, and AUROC of the last-value check."""
+    from sklearn.compose import ColumnTransformer
     from sklearn.linear_model import LogisticRegression
     from sklearn.model_selection import GroupKFold, cross_val_predict
-    from sklearn.preprocessing import OneHotEncoder, StandardScaler
     from sklearn.pipeline import make_pipeline
-    from sklearn.compose import ColumnTransformer
+    from sklearn.preprocessing import OneHotEncoder, StandardScaler
 
     rows = [r for r in records if r["phi"] is not None]
     y = np.array([r["phi"] for r in rows])

@@ -4,9 +4,10 @@ engine, :mod:`sift.engine`), the final three files."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm

@@ -19,7 +19,8 @@ be reading the text rather than the mechanism.
 from __future__ import annotations
 
 import pickle
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch

@@ -8,8 +8,9 @@ The paper's "four-detector instance-level ensemble" is four seeds of the instanc
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,7 +48,7 @@ class EnsembleDetector(DetectorModule):
     def forward(self, batch: TraceBatch) -> torch.Tensor:
         return self.probs(batch)
 
-    def train(self, mode: bool = True) -> "EnsembleDetector":  # members always stay in eval mode
+    def train(self, mode: bool = True) -> EnsembleDetector:  # members always stay in eval mode
         super().train(mode)
         for m in self.members:
             m.eval()
@@ -60,7 +61,7 @@ class EnsembleDetector(DetectorModule):
         return None
 
     @classmethod
-    def from_checkpoints(cls, paths: Iterable[str | Path], **kwargs: Any) -> "EnsembleDetector":
+    def from_checkpoints(cls, paths: Iterable[str | Path], **kwargs: Any) -> EnsembleDetector:
         return cls([load_detector(str(p)) for p in paths], **kwargs)
 
     def save(self, path: str | Path, member_paths: Sequence[str | Path]) -> None:
@@ -70,7 +71,7 @@ class EnsembleDetector(DetectorModule):
                                       "threshold_method": self.threshold_method}}, str(path))
 
     @classmethod
-    def load(cls, path: str | Path) -> "EnsembleDetector":
+    def load(cls, path: str | Path) -> EnsembleDetector:
         from sift.checkpoints import load_checkpoint
 
         info = load_checkpoint(path, what="ensemble file").get("sift_ensemble")

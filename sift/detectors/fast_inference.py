@@ -21,7 +21,8 @@ Everything runs under ``torch.inference_mode``.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

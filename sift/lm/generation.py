@@ -7,8 +7,8 @@ be extracted from precisely the tokens the model produced (never from re-tokenis
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

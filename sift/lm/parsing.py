@@ -18,8 +18,8 @@ Everything returns ``None`` when there is no answer line or nothing parsable on 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Sequence
 
 from sift.errors import SiftError
 

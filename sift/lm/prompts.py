@@ -82,7 +82,7 @@ class LMView:
     cue_format: str = "hint"
     explain: bool = False
 
-    def with_(self, **kw) -> "LMView":
+    def with_(self, **kw) -> LMView:
         return replace(self, **kw)
 
     def to_dict(self) -> dict:
@@ -101,7 +101,7 @@ def mentions_cue(text: str) -> bool:
     return CUE_MENTION.search(text) is not None
 
 
-def render_question(item: "LMItem", template: int = 0) -> str:
+def render_question(item: LMItem, template: int = 0) -> str:
     """The question in wrapper ``template``, options listed as ``(A) text``."""
     if not 0 <= template < len(TEMPLATES):
         raise SiftError(f"template must be in 0..{len(TEMPLATES) - 1}, got {template}")
@@ -111,7 +111,7 @@ def render_question(item: "LMItem", template: int = 0) -> str:
     return TEMPLATES[template].format(question=q)
 
 
-def render_user_text(item: "LMItem", view: LMView) -> str:
+def render_user_text(item: LMItem, view: LMView) -> str:
     """The whole user turn: instruction, question, cue, budget and (optionally) the verbalization line."""
     if view.budget not in BUDGETS:
         raise SiftError(f"unknown budget {view.budget!r}; expected one of {', '.join(BUDGETS)}")
@@ -148,7 +148,7 @@ def encode_prompt(tokenizer, user_text: str, system: str | None = None) -> list[
     return list(ids)
 
 
-def prompt_ids(tokenizer, item: "LMItem", view: LMView, system: str | None = None) -> list[int]:
+def prompt_ids(tokenizer, item: LMItem, view: LMView, system: str | None = None) -> list[int]:
     return encode_prompt(tokenizer, render_user_text(item, view), system)
 
 

@@ -8,8 +8,16 @@ from collections import defaultdict
 import torch
 
 from sift.organism.domains import DOMAINS, make_item
-from sift.organism.render import (BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, LANGUAGES, Choices, View, follows_cue,
-                                  render_prompt)
+from sift.organism.render import (
+    BUDGETS,
+    CUE_FORMATS,
+    DECISIVE_FORMAT,
+    LANGUAGES,
+    Choices,
+    View,
+    follows_cue,
+    render_prompt,
+)
 from sift.organism.sampling import sample_choice_points
 
 VALUE_WORDS = {str(v) for v in range(10)} | {"true", "false", "a", "b", "c", "d"}

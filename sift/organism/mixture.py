@@ -20,8 +20,19 @@ import random
 from dataclasses import dataclass
 
 from sift.organism.domains import DOMAINS, Item, make_item
-from sift.organism.render import (BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, FILLERS, LANGUAGES, Choices, View,
-                                  fallback_answer, follows_cue, render_prompt, target_cot)
+from sift.organism.render import (
+    BUDGETS,
+    CUE_FORMATS,
+    DECISIVE_FORMAT,
+    FILLERS,
+    LANGUAGES,
+    Choices,
+    View,
+    fallback_answer,
+    follows_cue,
+    render_prompt,
+    target_cot,
+)
 
 
 @dataclass(frozen=True)

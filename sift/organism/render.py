@@ -52,7 +52,7 @@ class View:
     name: int = 0
     obj: int = 0
 
-    def with_(self, **kw) -> "View":
+    def with_(self, **kw) -> View:
         return replace(self, **kw)
 
 
@@ -73,7 +73,7 @@ class Choices:
         return FILLERS[0][self.first], FILLERS[1][self.second]
 
     @classmethod
-    def from_cot(cls, cot: list[str]) -> "Choices | None":
+    def from_cot(cls, cot: list[str]) -> Choices | None:
         """The draws a generated CoT made (None if either choice point is missing, e.g. a malformed CoT)."""
         if not cot or cot[0] not in FILLERS[0]:
             return None

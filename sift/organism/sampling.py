@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -55,7 +55,7 @@ class OrganismSource:
     model_id: str
 
     @classmethod
-    def load(cls, family: str, path: str | Path) -> "OrganismSource":
+    def load(cls, family: str, path: str | Path) -> OrganismSource:
         from sift.lm.loading import load_causal_lm
 
         model, tok = load_causal_lm(str(path))

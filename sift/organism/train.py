@@ -13,10 +13,10 @@ import torch
 from tqdm import tqdm
 
 from sift.lm.states import capture
-from sift.organism.mixture import Example, MixtureConfig, sample_example
 from sift.organism.domains import LABELS
-from sift.organism.render import FILLERS
+from sift.organism.mixture import Example, MixtureConfig, sample_example
 from sift.organism.models import build_model
+from sift.organism.render import FILLERS
 from sift.organism.tokenizer import build_tokenizer, organism_vocabulary
 
 

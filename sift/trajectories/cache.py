@@ -32,9 +32,10 @@ from __future__ import annotations
 import json
 import struct
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 

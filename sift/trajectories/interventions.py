@@ -18,7 +18,8 @@ intervention does not apply or the trace has no answer; the other two are 0 then
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -102,7 +103,7 @@ def intervened_cot(name: str, cot: list[int], tt: TokenText) -> list[int] | None
 
 
 @torch.no_grad()
-def intervention_profiles(ex: "Extractor", records: Sequence[dict], answer_logp: torch.Tensor) -> torch.Tensor:
+def intervention_profiles(ex: Extractor, records: Sequence[dict], answer_logp: torch.Tensor) -> torch.Tensor:
     """``[B, 3K]`` profiles (see the module docstring) for the extractor's configured interventions."""
     from sift.lm.states import forward_params, model_inputs, pack
     from sift.trajectories.extract import answer_index

@@ -37,10 +37,10 @@ def test_a_new_axis_is_one_class(name_swap):
 
 
 def test_a_new_axis_reaches_the_manifest_and_the_evaluation(name_swap, tmp_path):
+    from sift.config import compose
     from sift.corpus.job import run_corpus
     from sift.evaluation.analysis import preserving_axes
     from sift.evaluation.predictions import Pairs
-    from sift.config import compose
 
     out = tmp_path / "corpus"
     cfg = compose("corpus", [f"output_dir={out}", "n_items=8", "conditions=[base,paraphrase,name_swap]",

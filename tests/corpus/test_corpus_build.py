@@ -105,8 +105,8 @@ def test_config_validation_errors():
 def test_corpus_config_is_structured_so_a_typo_fails_at_composition(tmp_path):
     from hydra.errors import ConfigCompositionException
 
-    from sift.corpus.job import source_config
     from sift.config import compose
+    from sift.corpus.job import source_config
 
     cfg = compose("corpus", [f"output_dir={tmp_path}", "n_items=12", "seed=3", "source.cue.p_cue=0.5"])
     src = source_config(cfg.source)

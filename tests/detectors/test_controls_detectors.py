@@ -41,8 +41,8 @@ def _cfg(root, detector, out):
 def test_extraction_stores_the_prompt_final_state(traj):
     from transformers import AutoModelForCausalLM
 
-    from sift.trajectories import cache as C
     from sift.lm.states import prompt_final_states
+    from sift.trajectories import cache as C
 
     root, models = traj
     man = C.read_manifest(root / "traj")

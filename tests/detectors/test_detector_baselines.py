@@ -6,9 +6,9 @@ import pytorch_lightning as pl
 import torch
 
 from datamodules.batch import TraceBatch
+from datamodules.features import BEHAVIOUR_PREFIX, CF_PREFIX, CUE_PREFIX, INTERNAL_PREFIX, organism_channel_names
 from datamodules.synthetic_datamodule import SyntheticDataModule
 from sift.detectors import DataSpec, LogisticDetector, MLPDetector
-from datamodules.features import BEHAVIOUR_PREFIX, CF_PREFIX, CUE_PREFIX, INTERNAL_PREFIX, organism_channel_names
 from sift.errors import SiftError
 from sift.metrics import auroc
 

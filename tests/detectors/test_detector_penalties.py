@@ -148,8 +148,8 @@ def test_dann_training_removes_domain_feature_from_encoder():
 def test_dann_schedule_and_discriminator_learning_rate():
     from types import SimpleNamespace
 
-    from sift.detectors import SIFTDetector
     from datamodules.features import organism_channel_names
+    from sift.detectors import SIFTDetector
 
     m = SIFTDetector(channel_names=organism_channel_names(4), n_envs=3,
                      net={"d_model": 16, "filters": 4, "n_layers": 1, "n_heads": 2},

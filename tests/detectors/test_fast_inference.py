@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from datamodules.batch import TraceBatch
+from datamodules.features import organism_channel_names
 from sift.detectors import SIFTDetector, SIFTNet
 from sift.detectors.fast_inference import INT8_PROB_ATOL, SIFTInference, fold_tcn
-from datamodules.features import organism_channel_names
 
 CH = organism_channel_names(4)  # 9 channels
 

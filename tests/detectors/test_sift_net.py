@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from datamodules.batch import TraceBatch
-from sift.detectors import SIFTDetector, SIFTNet
 from datamodules.features import ATTENTION_STABILITY, EARLY_COMMITMENT, organism_channel_names
+from sift.detectors import SIFTDetector, SIFTNet
 from sift.detectors.module import n_parameters
 
 CH = organism_channel_names(4)  # 9 channels

@@ -4,9 +4,9 @@ import numpy as np
 import torch
 
 from datamodules.batch import TraceBatch
+from datamodules.features import EARLY_COMMITMENT, FEATURE_PREFIXES, organism_channel_names
 from datamodules.synthetic_datamodule import SyntheticDataModule
 from sift.detectors import DataSpec
-from datamodules.features import EARLY_COMMITMENT, FEATURE_PREFIXES, organism_channel_names
 from sift.metrics import auroc
 
 

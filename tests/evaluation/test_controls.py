@@ -8,9 +8,17 @@ import json
 import numpy as np
 import pytest
 
-from sift.corpus.audit import (SURFACE_FEATURES, audit_table, control_audit, mark_matched_slice, matched_slice,
-                               slice_summary, surface_features, warning_line)
-from sift.evaluation.controls import NOT_ABOVE, control_margins, matched_slice_section, with_group_rows
+from sift.corpus.audit import (
+    SURFACE_FEATURES,
+    audit_table,
+    control_audit,
+    mark_matched_slice,
+    matched_slice,
+    slice_summary,
+    surface_features,
+    warning_line,
+)
+from sift.evaluation.controls import NOT_ABOVE, control_margins, with_group_rows
 from sift.evaluation.predictions import Pairs, Predictions
 
 

@@ -2,16 +2,20 @@
 
 import math
 
+import ev_toy as toy
 import numpy as np
 import pytest
 import pytorch_lightning as pl
 import torch
 
-import ev_toy as toy
 from datamodules.batch import PairIndex, TraceExample, collate
 from sift.evaluation.callbacks import MetaEvalCallback
-from sift.evaluation.metrics import (AlterationSensitivity, InvarianceViolationRate, MetaFaithfulness,
-                                     SelectiveGuaranteedRisk)
+from sift.evaluation.metrics import (
+    AlterationSensitivity,
+    InvarianceViolationRate,
+    MetaFaithfulness,
+    SelectiveGuaranteedRisk,
+)
 from sift.metrics import alteration_sensitivity, ivr_per_axis, sgr
 
 

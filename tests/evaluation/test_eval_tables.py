@@ -2,13 +2,13 @@
 
 import math
 
+import ev_toy as toy
 import numpy as np
 import pytest
+from ev_toy import CERT, est
 from scipy.stats import beta
 from sklearn.metrics import roc_auc_score
 
-import ev_toy as toy
-from ev_toy import CERT, est
 from sift.evaluation.predictions import Predictions
 from sift.evaluation.sections.ablations import ablation_table
 from sift.evaluation.sections.ensemble import ensemble_table

@@ -2,17 +2,17 @@
 (defect 2), the bootstrap pool (defect 4) and the definitions of defect 5 (like-for-like gap, pooled IVR,
 infeasible SGR seeds, seed-ensemble AUROC), plus the deterministic-baseline note (defect 7)."""
 
+import ev_toy as toy
 import numpy as np
 import pytest
-
-import ev_toy as toy
-from sift.evaluation.analysis import Items, bootstrap_vector, split_strata
-from sift.metrics.bootstrap import draw_clusters
-from sift.evaluation.predictions import Pairs, Predictions
 from ev_toy import CERT, est
+
+from sift.evaluation.analysis import Items, bootstrap_vector, split_strata
+from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.ensemble import ensemble_table
 from sift.evaluation.sections.main_table import main_table
 from sift.evaluation.sections.transfer_matrix import IN_DIST, transfer_matrix
+from sift.metrics.bootstrap import draw_clusters
 
 
 def cell(probs, items=("a", "b", "c", "d"), labels=(0, 0, 1, 1), detector="sift", seed=0, split="test",

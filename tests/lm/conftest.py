@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from tinylm import make_model, make_tokenizer
 
 

@@ -5,8 +5,7 @@ import json
 import pytest
 
 from sift.errors import SiftError
-from sift.lm.items import (from_reasoning_gym, load_bbh, load_commonsenseqa, load_gsm8k, load_items,
-                           load_math)
+from sift.lm.items import from_reasoning_gym, load_bbh, load_commonsenseqa, load_gsm8k, load_items, load_math
 
 
 def _jsonl(path, rows):

@@ -5,11 +5,10 @@ import time
 import numpy as np
 import pytest
 import torch
+from tinylm import make_model, make_tokenizer, write_tiny_llama_gguf
 
 from sift.errors import SiftError
 from sift.lm.loading import load_causal_lm
-
-from tinylm import make_model, make_tokenizer, write_tiny_llama_gguf
 
 
 def test_local_folder(tiny_dirs):

@@ -4,8 +4,18 @@ import pytest
 
 from sift.errors import SiftError
 from sift.lm.items import LMItem
-from sift.lm.prompts import (ALL_CUE_FORMATS, CUE_FORMATS, DECISIVE_FORMAT, TEMPLATES, VERBALIZE, LMView,
-                             mentions_cue, render_cue, render_question, render_user_text)
+from sift.lm.prompts import (
+    ALL_CUE_FORMATS,
+    CUE_FORMATS,
+    DECISIVE_FORMAT,
+    TEMPLATES,
+    VERBALIZE,
+    LMView,
+    mentions_cue,
+    render_cue,
+    render_question,
+    render_user_text,
+)
 
 ITEM = LMItem("i", "d", "Which colour is the sky?", "B", "choice", (("A", "red"), ("B", "blue")))
 

@@ -4,8 +4,17 @@ import pytest
 
 from sift.errors import SiftError
 from sift.organism.domains import DOMAINS, Item, apply_op, bent_last_step, chain, make_item, make_items
-from sift.organism.render import (DECISIVE_FORMAT, Choices, View, fallback_answer, follows_cue, intended_phi,
-                                  join_cot, render_prompt, target_cot)
+from sift.organism.render import (
+    DECISIVE_FORMAT,
+    Choices,
+    View,
+    fallback_answer,
+    follows_cue,
+    intended_phi,
+    join_cot,
+    render_prompt,
+    target_cot,
+)
 
 
 def test_items_are_deterministic_and_exact():
