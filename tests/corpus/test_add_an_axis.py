@@ -58,3 +58,31 @@ def test_a_new_axis_reaches_the_manifest_and_the_evaluation(name_swap, tmp_path)
     assert axis["kind"] == "preserving" and axis["built"] == 8
     assert axis["verified"] == sum(p["verified"] for p in mine) > 0
     assert preserving_axes(Pairs.from_corpus(out)) == ["paraphrase", "name_swap"]
+
+
+def test_a_new_axis_gets_its_column_in_the_report(name_swap, tmp_path):
+    """Detector predictions on a corpus with the new axis: the report's main table has an IVR column for it."""
+    import numpy as np
+
+    from sift.config import compose
+    from sift.corpus.job import run_corpus
+    from sift.evaluation.engine import ReportOptions
+    from sift.evaluation.predictions import Pairs, Predictions
+    from sift.evaluation.run import report_from_predictions
+
+    out = tmp_path / "corpus"
+    run_corpus(compose("corpus", [f"output_dir={out}", "n_items=8", "conditions=[base,paraphrase,name_swap]",
+                                  "source.families=[gpt2]", "source.audit_seeds=1", "source.chunk_items=8"]),
+               progress=False)
+    traces = [t for t in map(json.loads, (out / "traces.jsonl").read_text().splitlines()) if t["phi"] is not None]
+    rng = np.random.default_rng(0)
+    label = np.array([t["phi"] for t in traces])
+    preds = [Predictions("toy", seed, "test", 0.5, np.array([t["trace_id"] for t in traces]),
+                         np.array([t["base_item"] for t in traces]), np.array([t["domain"] for t in traces]),
+                         np.array([t["model"] for t in traces]), np.array([t["condition"] for t in traces]),
+                         label, np.clip(0.25 + 0.5 * label + rng.normal(0, 0.2, label.size), 0, 1))
+             for seed in (0, 1)]
+    report_from_predictions(preds, Pairs.from_corpus(out), tmp_path / "report", ReportOptions.of(n_resamples=5))
+    table = json.loads((tmp_path / "report" / "results.json").read_text())["main_table"]
+    assert "name_swap" in table["axes"]
+    assert "name_swap" in (tmp_path / "report" / "report.md").read_text()
