@@ -51,7 +51,8 @@ class TraceBatch:
     text: list[str] = field(default_factory=list)  # prompt + CoT text per trace (empty: the DataModule has none)
 
     def to(self, device) -> TraceBatch:
-        t = {k: getattr(self, k).to(device) for k in ("x", "mask", "label", "env", "domain", "model", "pooled", "features")}
+        t = {k: getattr(self, k).to(device)
+             for k in ("x", "mask", "label", "env", "domain", "model", "pooled", "features")}
         pp = self.prompt_pooled.to(device) if self.prompt_pooled is not None else None
         return TraceBatch(**t, trace_id=self.trace_id, base_item=self.base_item, prompt_pooled=pp, text=self.text)
 

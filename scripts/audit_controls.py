@@ -25,7 +25,7 @@ def prompt_states_from_trajectories(traj_dir: Path) -> dict[str, np.ndarray]:
 
     man = C.read_manifest(traj_dir)
     out: dict[str, np.ndarray] = {}
-    for m, info in man["models"].items():
+    for _m, info in man["models"].items():
         for shard in info["shards"]:
             t, meta = C.read_shard(traj_dir / shard)
             if "prompt_final" not in t:

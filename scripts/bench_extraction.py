@@ -94,7 +94,8 @@ def time_ratio(args) -> None:
 
         def pipeline():
             k[0] += 1
-            extract_corpus(corpus, Path(tmp) / f"out{k[0]}", {args.family: model_path}, cfg, loaded={args.family: (model, tok)})
+            extract_corpus(corpus, Path(tmp) / f"out{k[0]}", {args.family: model_path}, cfg,
+                           loaded={args.family: (model, tok)})
 
         def interventions():
             from sift.trajectories.interventions import intervention_profiles
@@ -187,7 +188,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=400, help="traces (memory: N and 4N)")
     ap.add_argument("--corpus", type=Path, default=None, help="a sift-corpus folder (default: a rendered toy corpus)")
-    ap.add_argument("--models-dir", type=Path, default=None, help="folder with <family>/ HF models (default: random toy)")
+    ap.add_argument("--models-dir", type=Path, default=None,
+                    help="folder with <family>/ HF models (default: random toy)")
     ap.add_argument("--family", default="gpt2")
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--layers", type=int, default=4)

@@ -282,9 +282,10 @@ def main(argv: list[str] | None = None) -> int:
                      "identical" if not diffs else f"{len(diffs)} differ, e.g. {diffs[0]}",
                      "pass" if ok else "FAIL"])
         print(f"crash_matrix: {pt.name}: {rows[-1][-1]}", flush=True)
-    head = ["kill point", "killed at (s)", "killed", "workers left", "left for the rerun", "rerun (s)", "max abs Δ", "results.json",
-            "verdict"]
-    print(f"\nclean run: {stages['total']:.0f} s ({', '.join(f'{k} {v:.0f} s' for k, v in stages.items() if k != 'total')})"
+    head = ["kill point", "killed at (s)", "killed", "workers left", "left for the rerun", "rerun (s)", "max abs Δ",
+            "results.json", "verdict"]
+    print(f"\nclean run: {stages['total']:.0f} s ("
+          f"{', '.join(f'{k} {v:.0f} s' for k, v in stages.items() if k != 'total')})"
           f"; overrides: {' '.join(overrides)}\n")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))

@@ -36,7 +36,8 @@ def _train_one(family: str, steps: int, seed: int, out: str, threads: int, stage
     if stage == 1:
         cfg = TrainConfig(family=family, steps=steps, seed=seed)
     else:
-        cfg = stage2_config(family, str(folder), seed) if stage == 2 else stage3_config(family, str(folder), seed, stage)
+        cfg = (stage2_config(family, str(folder), seed) if stage == 2
+               else stage3_config(family, str(folder), seed, stage))
         previous = json.loads((folder / "training.json").read_text())
     res = train_organism(cfg, folder)
     report = organism_report(res["model"], res["tokenizer"])
@@ -86,7 +87,8 @@ def main() -> None:
         write_card(out, records, walls)
     for f, r in records.items():
         print(f"{f}: {r['parameters']} parameters, {r['train_seconds']} s; clean accuracy "
-              + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in r["evaluation"].items() if k.count("/") == 1 and k.startswith("clean")))
+              + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in r["evaluation"].items()
+                          if k.count("/") == 1 and k.startswith("clean")))
     print(f"total wall time {round(sum(walls), 1)} s")
 
 

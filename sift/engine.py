@@ -51,7 +51,8 @@ def validate_executor(cfg: DictConfig) -> None:
     """Check ``cfg.executor`` before any work; raises SiftError naming the first problem."""
     e = cfg.get("executor")
     if e is None or e.get("kind") not in ("local", "slurm"):
-        raise SiftError(f"executor: expected executor=local or executor=slurm, got {None if e is None else e.get('kind')!r}")
+        raise SiftError("executor: expected executor=local or executor=slurm, "
+                        f"got {None if e is None else e.get('kind')!r}")
     gpus_per_job(cfg)
     _retries(cfg)
     if e.kind == "slurm":

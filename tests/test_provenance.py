@@ -16,4 +16,5 @@ def test_fingerprint_changes_with_the_weights(tmp_path):
 
 
 def test_config_hash_is_order_independent():
-    assert config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1}) != config_hash({"a": 2, "b": [1, 2]})
+    assert (config_hash({"a": 1, "b": [1, 2]}) == config_hash({"b": [1, 2], "a": 1})
+            != config_hash({"a": 2, "b": [1, 2]}))

@@ -211,7 +211,8 @@ def kernel_shap(
     return ShapResult(phi, v0, v1, link, int(z.shape[0]), bool(exact and z.shape[0] == 2**m - 2))
 
 
-def s1_shap(value_fn: ValueFn, n_features: int, *, n_coalitions: int = 512, eps: float = CLIP_EPS, seed: int = 0) -> ShapResult:
+def s1_shap(value_fn: ValueFn, n_features: int, *, n_coalitions: int = 512, eps: float = CLIP_EPS,
+            seed: int = 0) -> ShapResult:
     """S1-SHAP [P]: KernelSHAP on v_S1 = logit(clip(p, ε, 1 − ε)); log-odds units, Σφ = v_S1(1) − v_S1(0).
 
     Pass the same ``CachedGame`` used for probability KernelSHAP to reuse its model calls (zero extra calls).
@@ -414,7 +415,8 @@ def comprehensiveness_sufficiency(
     return ComprehensivenessSufficiency(float(np.mean(comp)), float(np.mean(suff)), tuple(ks))
 
 
-def deletion_insertion_curves(value_fn: ValueFn, n_features: int, order: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+def deletion_insertion_curves(value_fn: ValueFn, n_features: int,
+                              order: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """RISE curves over j = 0..M: v(1 with top-j deleted) and v(only top-j present)."""
     g = _game(value_fn, n_features)
     order = np.asarray(order, int)

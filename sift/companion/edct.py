@@ -164,7 +164,8 @@ def _tokens(text: str) -> list[tuple[str, int, int]]:
     return [(m.group(0), m.start(), m.end()) for m in _TOKEN.finditer(text)]
 
 
-def verify_edit(original: str, edited: str, span: tuple[int, int], *, tau_in: float = 0.5, tau_out: float = 0.0) -> Verification:
+def verify_edit(original: str, edited: str, span: tuple[int, int], *, tau_in: float = 0.5,
+                tau_out: float = 0.0) -> Verification:
     """Localised-edit check [P: enough change inside the target, little outside; tokens + difflib R].
 
     Pass iff change_in ≥ τ_in and change_out ≤ τ_out (thresholds are config, absent from the paper).
@@ -204,7 +205,8 @@ def token_verifier(tau_in: float = 0.5, tau_out: float = 0.0) -> Callable[[Edit]
 # ----------------------------------------------------------------------------------------------
 
 
-def prediction_change_score(answer_changed: bool, concept_necessary: bool, new_answer_consistent: bool | None = None) -> int:
+def prediction_change_score(answer_changed: bool, concept_necessary: bool,
+                            new_answer_consistent: bool | None = None) -> int:
     """PCS [P §3.4; binarisation R]: 1 if changed and necessary, or unchanged and the rest suffices;
     0 for 'unfaithful inertia'. A change when the concept was *not* necessary is unspecified in the
     paper: 1 iff the new answer is consistent with the edited input [R] (0 if unknown)."""
@@ -339,7 +341,8 @@ def _as_output(x) -> CoTOutput:
     return CoTOutput(str(ans), tuple(s.text if isinstance(s, CoTStep) else str(s) for s in steps))
 
 
-def sample_scores(judgements: Sequence[StepJudgement], graded_scheme: str = "minus_one") -> tuple[float, float, float, float]:
+def sample_scores(judgements: Sequence[StepJudgement],
+                  graded_scheme: str = "minus_one") -> tuple[float, float, float, float]:
     """(CCS, PCS, NCC, graded) means over a chain [P: 'averages CCS across the chain']."""
     if not judgements:
         nan = float("nan")
@@ -462,7 +465,8 @@ def run_stability(run_scores: Sequence[float]) -> RunStability:
                         float(v.min()), float(v.max()))
 
 
-def paired_bootstrap_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = 1000, seed: int = 0) -> BootstrapCI:
+def paired_bootstrap_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = 1000,
+                                seed: int = 0) -> BootstrapCI:
     """CI of mean(a) − mean(b) over paired samples (e.g. two models on the same tests) [R]."""
     x, y = np.asarray(a, float), np.asarray(b, float)
     if x.shape != y.shape:

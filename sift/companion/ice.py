@@ -242,7 +242,8 @@ def win_rate_test(observed: float, null, *, min_valid: int = 10) -> WinRateResul
 
 
 def strict_chance_level(tie_rate: float) -> float:
-    """Expected strict WR of a random explanation when the null ties with probability ``tie_rate``: (1 − P(tie))/2 [R]."""
+    """Expected strict WR of a random explanation when the null ties with probability ``tie_rate``:
+    (1 − P(tie))/2 [R]."""
     return (1.0 - tie_rate) / 2.0
 
 
@@ -708,7 +709,8 @@ class EncodedSteps:
     spans: tuple[tuple[int, int], ...]
 
 
-def encode_steps(tokenizer, steps: Sequence[str], *, prefix: str = "", suffix: str = "", sep: str = " ") -> EncodedSteps:
+def encode_steps(tokenizer, steps: Sequence[str], *, prefix: str = "", suffix: str = "",
+                 sep: str = " ") -> EncodedSteps:
     """Tokenise piecewise (prefix, sep+step…, suffix) so step spans are exact; uses ``tokenizer.encode``."""
     ids: list[int] = []
     spans: list[tuple[int, int]] = []

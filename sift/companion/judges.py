@@ -145,14 +145,16 @@ def reveal_after_prompts(
     **kw,
 ) -> RevealAfterPrompts:
     """Reveal-After: turn 1 = Flip prompt; turn 2 reveals the true labels of the *displayed* slots."""
-    t1 = flip_prompt(question, candidates, true_labels, display_order=display_order, candidate_name=candidate_name, **kw)
+    t1 = flip_prompt(question, candidates, true_labels, display_order=display_order, candidate_name=candidate_name,
+                     **kw)
     t2 = REVEAL_TEMPLATE.format(
         cand=candidate_name, true_1=true_labels[display_order[0]], true_2=true_labels[display_order[1]]
     )
     return RevealAfterPrompts(t1, t2)
 
 
-def pbp_prompts(question: str, candidates: Sequence[str], labels: Sequence[str | None] | None, **kw) -> Callable[[str], str]:
+def pbp_prompts(question: str, candidates: Sequence[str], labels: Sequence[str | None] | None,
+                **kw) -> Callable[[str], str]:
     """Proof-Before-Preference as two calls: returns ``stage2(locked_notes)``; stage 1 is
     ``render_pair_prompt(..., protocol='pbp_lock')``. Serialising the stages is [R]."""
 

@@ -187,7 +187,7 @@ def prepare(src, scorer: OrganismScorer, traces: Sequence[dict]) -> list[Prepare
     groups: dict[tuple[str, ...], list[Prepared]] = {}
     for p in out:
         groups.setdefault(p.space, []).append(p)
-    for space, ps in groups.items():
+    for _space, ps in groups.items():
         pr = scorer.probs([p.ids for p in ps], ps[0].space_ids)
         for p, row in zip(ps, pr):
             p.full_probs = row
@@ -267,7 +267,7 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
         null_sets = ice.sample_null_sets(pos, q, n_null, np.random.default_rng([seed, n_ex]))
         n_unique = len({tuple(s) for s in null_sets.tolist()})
 
-        def keep_for(sel) -> np.ndarray:
+        def keep_for(sel, valid=valid) -> np.ndarray:
             kp = ~valid
             kp[np.asarray(sel, int)] = True
             return kp
@@ -296,7 +296,7 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
         cot = p.ids[p.n_prompt:p.n_prompt + p.n_cot]
         steps = [tuple(cot[a:b]) for a, b in p.steps]
 
-        def seq(sub) -> list[int]:
+        def seq(sub, prompt=prompt, ans=ans) -> list[int]:
             return prompt + [t for s in sub for t in s] + ans
 
         # warm the cache with every Delete / Retain of the subsets step ICE can draw (one batch)
@@ -307,10 +307,10 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
             + [seq([steps[i] for i in c]) for c in subs]
         scorer.probs(warm, p.space_ids)
 
-        def step_score(sub) -> float:
+        def step_score(sub, seq=seq, p=p) -> float:
             return float(scorer.probs([seq(sub)], p.space_ids)[0, p.pred])
 
-        def step_answer(sub) -> int:
+        def step_answer(sub, seq=seq, p=p) -> int:
             return int(scorer.probs([seq(sub)], p.space_ids)[0].argmax())
 
         for e in explainers:
@@ -370,7 +370,8 @@ def summarize_ice(rows, step_rows, necsuf, prepared, *, n_boot: int, alpha: floa
         if not lst:
             continue
         out = {}
-        for name, sel in (("all", lst), ("phi=0", [x for x in lst if x[0] == 0]), ("phi=1", [x for x in lst if x[0] == 1])):
+        for name, sel in (("all", lst), ("phi=0", [x for x in lst if x[0] == 0]),
+                          ("phi=1", [x for x in lst if x[0] == 1])):
             if not sel:
                 continue
             nec = [r.necessity for _, r in sel if r.necessity.valid]
@@ -383,7 +384,8 @@ def summarize_ice(rows, step_rows, necsuf, prepared, *, n_boot: int, alpha: floa
                          "tie_rate_nec": float(np.mean([r.tie_rate for r in nec])) if nec else float("nan")}
         steps[e] = out
     src_d = {}
-    for name, sel in (("all", necsuf), ("phi=0", [x for x in necsuf if x[0] == 0]), ("phi=1", [x for x in necsuf if x[0] == 1])):
+    for name, sel in (("all", necsuf), ("phi=0", [x for x in necsuf if x[0] == 0]),
+                      ("phi=1", [x for x in necsuf if x[0] == 1])):
         if sel:
             nec = float(np.mean([r.necessity for _, r in sel]))
             suf = float(np.mean([r.sufficiency for _, r in sel]))
@@ -592,8 +594,10 @@ def summarize_edct(samples: list[dict], records: list[EDCTStepRecord], *, n_boot
 
     ok = [s for s in samples if s["k_prime"] > 0]
     out: dict[str, Any] = {"config": config, "n_traces": len(samples), "n_scored": len(ok),
-                           "n_edits": len(records), "verified_rate": float(np.mean([r.verified for r in records])) if records else float("nan")}
-    for name, sel in (("all", ok), ("phi=0", [s for s in ok if s["phi"] == 0]), ("phi=1", [s for s in ok if s["phi"] == 1])):
+                           "n_edits": len(records),
+                           "verified_rate": float(np.mean([r.verified for r in records])) if records else float("nan")}
+    for name, sel in (("all", ok), ("phi=0", [s for s in ok if s["phi"] == 0]),
+                      ("phi=1", [s for s in ok if s["phi"] == 1])):
         if not sel:
             continue
         ci = bootstrap_mean_ci([s["ccs"] for s in sel], n_boot=n_boot, seed=seed)
@@ -605,7 +609,8 @@ def summarize_edct(samples: list[dict], records: list[EDCTStepRecord], *, n_boot
     lab = [s for s in ok if s["phi"] in (0, 1)]
     if len({s["phi"] for s in lab}) == 2:
         out["auroc_ccs_vs_phi"] = float(auroc(np.array([s["ccs"] for s in lab]), np.array([s["phi"] for s in lab])))
-        out["auroc_graded_vs_phi"] = float(auroc(np.array([s["graded"] for s in lab]), np.array([s["phi"] for s in lab])))
+        out["auroc_graded_vs_phi"] = float(auroc(np.array([s["graded"] for s in lab]),
+                                                 np.array([s["phi"] for s in lab])))
     ver = [r for r in records if r.verified]
     out["necessary_rate"] = float(np.mean([r.necessary for r in ver])) if ver else float("nan")
     out["samples"] = samples

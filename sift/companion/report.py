@@ -157,10 +157,12 @@ def ice_section(cfg, org: _Organism, out: Path) -> Section:
             for grp in ("all", "phi=1", "phi=0"):
                 if grp in d:
                     s = d[grp]
-                    rows.append([key, grp, s["n"], f"{100 * s['win_rate']:.1f} {_ci(100 * s['ci_low'], 100 * s['ci_high'])}",
-                                 f"{100 * s['midrank_win_rate']:.1f}", f"{100 * s['tie_rate']:.1f}", _f(s["mean_d_null"], 2),
-                                 f"{100 * s['sig_rate_bh']:.1f}", s["taxonomy"],
-                                 ("yes" + (" (tie-confounded)" if s["tie_confounded"] else "")) if s["anti_faithful"] else "no"])
+                    rows.append([key, grp, s["n"],
+                                 f"{100 * s['win_rate']:.1f} {_ci(100 * s['ci_low'], 100 * s['ci_high'])}",
+                                 f"{100 * s['midrank_win_rate']:.1f}", f"{100 * s['tie_rate']:.1f}",
+                                 _f(s["mean_d_null"], 2), f"{100 * s['sig_rate_bh']:.1f}", s["taxonomy"],
+                                 ("yes" + (" (tie-confounded)" if s["tie_confounded"] else ""))
+                                 if s["anti_faithful"] else "no"])
         md.append(f"**Organism {fam}**: {r['n_traces']} traces; k = {c.k}, M = {c.n_null} random sets, span = "
                   f"{c.span}, B = {c.n_boot}, BH at α = {c.alpha}. WR in % (strict: ties lose), 95% bootstrap CI.")
         md.append(markdown_table(["explainer/operator", "traces", "n", "WR [CI]", "mid-rank WR", "tie rate", "d_null",
@@ -186,7 +188,7 @@ def ice_section(cfg, org: _Organism, out: Path) -> Section:
                                       for g, s in r["step_src"].items()]))
         fig = f"companion/ice_win_rates_{fam}.png"
 
-        def draw(plt, per_ex=per_ex):
+        def draw(plt, per_ex=per_ex, fam=fam):
             fig_, ax = plt.subplots(figsize=(7, 3.2))
             keys = list(per_ex)
             ax.boxplot([per_ex[k] for k in keys], showmeans=True)
@@ -210,7 +212,7 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
 
     c = cfg.edct
     results, md, figs = {}, [], []
-    for fam, src, sc, prep in org.prepared(c):
+    for fam, src, _sc, prep in org.prepared(c):
         r = run_edct(src, prep, k=int(c.k), tau_in=float(c.tau_in), tau_out=float(c.tau_out),
                      graded_scheme=str(c.graded_scheme), n_boot=int(c.n_boot), seed=int(cfg.seed),
                      progress=bool(cfg.progress))
@@ -228,7 +230,7 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
                       f"{r['auroc_graded_vs_phi']:.3f} (graded).")
         fig = f"companion/edct_{fam}.png"
 
-        def draw(plt, r=r):
+        def draw(plt, r=r, fam=fam):
             fig_, ax = plt.subplots(figsize=(5, 3))
             groups = [g for g in ("phi=1", "phi=0") if g in r]
             w = 0.25
@@ -257,7 +259,7 @@ def system1_section(cfg, org: _Organism, out: Path) -> Section:
 
     c = cfg.system1
     results, md, figs = {}, [], []
-    for fam, src, sc, prep in org.prepared(c):
+    for fam, _src, _sc, prep in org.prepared(c):
         r = run_system1(prep, n_bins=int(c.n_bins), n_boot=int(c.n_boot), seed=int(cfg.seed))
         results[fam] = r
         md.append(f"**Organism {fam}**: {r['n']} traces; answer distribution over the domain's value space.")
@@ -273,10 +275,11 @@ def system1_section(cfg, org: _Organism, out: Path) -> Section:
             g = r["guard"]
             md.append(f"Guard (positives: φ* = 0, score 1 − max p): AUROC {_f(g['auroc'])}, PR-AUC {_f(g['pr_auc'])}, "
                       f"recall at zero false alarms {_f(g['recall_at_zero_false_alarms'])}, TPR {_f(g['tpr'])} "
-                      f"{_ci(*g['tpr_ci'])}, FPR {_f(g['fpr'])} {_ci(*g['fpr_ci'])} at 0.5 (n = {g['n_pos']} + {g['n_neg']}).")
+                      f"{_ci(*g['tpr_ci'])}, FPR {_f(g['fpr'])} {_ci(*g['fpr_ci'])} at 0.5 "
+                      f"(n = {g['n_pos']} + {g['n_neg']}).")
         fig = f"companion/reliability_{fam}.png"
 
-        def draw(plt, r=r):
+        def draw(plt, r=r, fam=fam):
             rel = r["reliability"]
             fig_, ax = plt.subplots(figsize=(4, 4))
             ax.plot([0, 1], [0, 1], ls="--", c="grey", lw=0.8)
@@ -330,7 +333,8 @@ def judges_section(cfg, out: Path) -> Section:
     model_name = resolve_judge_model(str(c.model))
     t0 = time.time()
     model, tok = load_judge(model_name, tokenizer=resolve_judge_model(c.tokenizer) if c.get("tokenizer") else None,
-                            tiny_config=OmegaConf.to_container(c.tiny_config, resolve=True) if c.get("tiny_config") else None,
+                            tiny_config=(OmegaConf.to_container(c.tiny_config, resolve=True)
+                                         if c.get("tiny_config") else None),
                             seed=int(cfg.seed))
     judge = HFJudge(model, tok, chat=bool(c.chat_template), max_explanation_tokens=int(c.max_explanation_tokens),
                     verdict_mode=str(c.verdict_mode))
@@ -391,8 +395,8 @@ def detector_shap_section(cfg, out: Path) -> Section:
         return fig_
 
     _plot(out / fig, draw)
-    return Section("companion_detector_shap", "S1-SHAP over a detector's descriptor groups (paper 003)", "\n\n".join(md),
-                   [fig], res)
+    return Section("companion_detector_shap", "S1-SHAP over a detector's descriptor groups (paper 003)",
+                   "\n\n".join(md), [fig], res)
 
 
 def _detector_and_batch(c):

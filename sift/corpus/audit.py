@@ -3,8 +3,8 @@
 One place defines, for any corpus (organism or real LM),
 
 * the **matched-text slice** (:func:`matched_slice`): on base and preserving traces, the prompt carries a cue
-  whose value differs from the gold answer and the answer equals the cue. There the text looks alike for both mechanisms (a cued, wrong answer),
-  so only the mechanism can tell φ* apart;
+  whose value differs from the gold answer and the answer equals the cue. There the text looks alike for both
+  mechanisms (a cued, wrong answer), so only the mechanism can tell φ* apart;
 * the inputs of the three **controls**: prompt + CoT text (``text_bow``), structured surface features
   (``surface``, :data:`SURFACE_FEATURES`) and the prompt's final hidden state (``prompt_probe``), with the
   scikit-learn estimators the detectors of :mod:`sift.detectors.controls` fit;

@@ -1,14 +1,15 @@
 """Shortcut controls as detectors (DESIGN.md §4 "Validity"; issue 11): trained, thresholded, checkpointed and
 evaluated exactly like the other detectors (``sift-train detector=text_bow|surface|prompt_probe``).
 
-=============  ==========================================================  ===========================================
-control        inputs (TraceBatch)                                          model (``sift.corpus.audit``)
-=============  ==========================================================  ===========================================
-text_bow       ``text``: prompt + CoT                                       TF-IDF word 1–2-grams + char 2–4-grams → LR
-surface        ``features`` columns ``surf/*`` (structured text features)   HistGradientBoosting (categorical: ``surf/cat:*``)
-prompt_probe   ``prompt_pooled``: final-layer state of the last prompt      LR on standardised states
-               token (no CoT)                                               (:class:`~sift.detectors.baselines.LogisticDetector`)
-=============  ==========================================================  ===========================================
+=============  ==============================================  ======================================================
+control        inputs (TraceBatch)                             model (``sift.corpus.audit``)
+=============  ==============================================  ======================================================
+text_bow       ``text``: prompt + CoT                          TF-IDF word 1–2-grams + char 2–4-grams → LR
+surface        ``features`` columns ``surf/*`` (structured     HistGradientBoosting (categorical: ``surf/cat:*``)
+               text features)
+prompt_probe   ``prompt_pooled``: final-layer state of the     LR on standardised states
+               last prompt token (no CoT)                      (:class:`~sift.detectors.baselines.LogisticDetector`)
+=============  ==============================================  ======================================================
 
 The scikit-learn estimator is fitted once on the training split (the DataModule's flat training loader, each
 trace once) and pickled into the checkpoint; the decision threshold is frozen on validation like every other

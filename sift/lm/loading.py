@@ -34,7 +34,8 @@ def load_causal_lm(name_or_path: str, *, device: str = "cpu", dtype: str | None 
     path = Path(os.path.expanduser(name_or_path))
     if path.is_file():
         if not is_gguf(path):
-            raise SiftError(f"{path}: not a GGUF file (expected the magic bytes 'GGUF'); pass a model folder or a .gguf file")
+            raise SiftError(f"{path}: not a GGUF file (expected the magic bytes 'GGUF'); "
+                            "pass a model folder or a .gguf file")
         folder, fname = str(path.parent), path.name
         try:
             tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname, **kwargs)

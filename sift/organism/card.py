@@ -26,19 +26,24 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
         stages = rec.get("stages", [rec])
         c0 = stages[0]["config"]
         lines += [f"## {fam}", "",
-                  f"- parameters: {rec['parameters']:,}; width {c0['width']}, layers {c0['layers']}, heads {c0['heads']}"]
+                  f"- parameters: {rec['parameters']:,}; width {c0['width']}, layers {c0['layers']}, "
+                  f"heads {c0['heads']}"]
         for i, st in enumerate(stages, 1):
             cfg = st["config"]
             losses = [h["loss"] for h in st["history"] if "loss" in h]
-            lines.append(f"- stage {i}: {cfg['steps']} steps, batch {cfg['batch_size']}, AdamW lr {cfg['lr']} (cosine), "
-                         f"seed {cfg['seed']}, mixture {cfg['mixture']}; {st['train_seconds'] / 60:.1f} min; "
+            lines.append(f"- stage {i}: {cfg['steps']} steps, batch {cfg['batch_size']}, "
+                         f"AdamW lr {cfg['lr']} (cosine), seed {cfg['seed']}, mixture {cfg['mixture']}; "
+                         f"{st['train_seconds'] / 60:.1f} min; "
                          f"final loss {losses[-1] if losses else 'n/a'}")
         lines += [
                   "", "| domain | clean | clean terse | clean verbose | clean en | clean xx | cued: answers the cue "
                   "| cued: cue-following draws | cued: mechanism = draws |",
                   "|---|---|---|---|---|---|---|---|---|"]
+
+        def g(k, ev=ev):
+            return f"{ev[k]:.3f}" if k in ev else "–"
+
         for d in DOMAINS:
-            g = lambda k: f"{ev[k]:.3f}" if k in ev else "–"  # noqa: E731
             lines.append(f"| {d} | {g(f'clean/{d}')} | {g(f'clean/{d}/terse')} | {g(f'clean/{d}/verbose')} | "
                          f"{g(f'clean/{d}/en')} | {g(f'clean/{d}/xx')} | {g(f'cued_answers_cue/{d}')} | "
                          f"{g(f'cue_following_draws/{d}')} | {g(f'mechanism_agreement/{d}')} |")

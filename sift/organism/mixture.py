@@ -66,9 +66,13 @@ def random_view(item: Item, rng: random.Random, cfg: MixtureConfig) -> View:
     order = None
     if rng.random() < 0.5:
         if item.domain == "arithmetic":
-            perm = list(range(item.n_ops)); rng.shuffle(perm); order = tuple(perm)
+            perm = list(range(item.n_ops))
+            rng.shuffle(perm)
+            order = tuple(perm)
         elif item.domain == "choice":
-            perm = list(range(4)); rng.shuffle(perm); order = tuple(perm)
+            perm = list(range(4))
+            rng.shuffle(perm)
+            order = tuple(perm)
         else:
             order = (1, 0)
     cue_value, fmt = None, "hint"

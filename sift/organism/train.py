@@ -48,9 +48,9 @@ def stage3_config(family: str, init_from: str, seed: int = 0, stage: int = 3) ->
     the switch, and it is an XOR of two draws: neither draw alone predicts it, so gradient descent has no
     first-order signal to start from. A curriculum gives it one: stage 3 keeps the second draw fixed (the
     first draw alone selects the mechanism), stage 4 draws both. A scaffold head on a middle block is trained
-    to read the mechanism (``mode_weight``) and discarded. Stages 5 and 6 (two passes) consolidate with mostly uncued prompts,
-    where the multiple-choice match (``so <label>``, up-weighted like the answer) must be read from the
-    elimination lines rather than copied from a cue."""
+    to read the mechanism (``mode_weight``) and discarded. Stages 5 and 6 (two passes) consolidate with mostly
+    uncued prompts, where the multiple-choice match (``so <label>``, up-weighted like the answer) must be read
+    from the elimination lines rather than copied from a cue."""
     p_cue, steps, p_second = {3: (0.6, 400, 0.0), 4: (0.6, 900, 0.5), 5: (0.3, 600, 0.5), 6: (0.3, 600, 0.5)}[stage]
     mix = MixtureConfig(p_cue=p_cue, p_decisive=0.15, p_edit=0.25, p_swap=0.25, p_second=p_second)
     return TrainConfig(family=family, steps=steps, lr=1.5e-3 if stage < 5 else 1e-3, warmup=50, seed=seed + stage - 1,
@@ -92,7 +92,8 @@ def encode(examples: list[Example], tok, answer_weight: float, match_weight: flo
     for i, (start, mode) in enumerate(modes):
         mode_mask[i, start:len(rows[i])] = 1.0
         mode_target[i] = float(mode)
-    return {"input_ids": ids, "attention_mask": attn, "weights": wts, "mode_mask": mode_mask, "mode_target": mode_target}
+    return {"input_ids": ids, "attention_mask": attn, "weights": wts, "mode_mask": mode_mask,
+            "mode_target": mode_target}
 
 
 def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor | None = None,

@@ -193,7 +193,8 @@ def shard_ok(path: str | Path, key: str) -> bool:
     return shard_problem(path, key) is None
 
 
-def read_shard(path: str | Path, expect: dict[str, int] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def read_shard(path: str | Path,
+               expect: dict[str, int] | None = None) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Load and validate a shard; ``expect`` (num_layers, hidden_size, …) is what the manifest records."""
     from safetensors.torch import load_file
 
@@ -217,7 +218,8 @@ def read_shard(path: str | Path, expect: dict[str, int] | None = None) -> tuple[
     if t["desc"].shape[1:] != (len(meta["channels"]),):
         problems.append(f"desc has {tuple(t['desc'].shape)} but {len(meta['channels'])} channels are named")
     if t["final"].shape != (t["desc"].shape[0], d) or t["pooled"].shape != (n, d):
-        problems.append(f"final {tuple(t['final'].shape)} / pooled {tuple(t['pooled'].shape)} do not match hidden size {d}")
+        problems.append(f"final {tuple(t['final'].shape)} / pooled {tuple(t['pooled'].shape)} "
+                        f"do not match hidden size {d}")
     if "prompt_final" in t and t["prompt_final"].shape != (n, d):
         problems.append(f"prompt_final {tuple(t['prompt_final'].shape)} does not match {n} traces × hidden size {d}")
     if problems:

@@ -60,7 +60,8 @@ def text_features(record: dict) -> list[float]:
             float(delims + trailing), float(last_eq)]
 
 
-def assemble(text: list[float], n_tokens: int, answer_logp: float, internal: list[float], profile: list[float]) -> list[float]:
+def assemble(text: list[float], n_tokens: int, answer_logp: float, internal: list[float],
+             profile: list[float]) -> list[float]:
     """One trace's feature vector in the order ``cue/*, beh/*, int/*, cf/*`` (NaN log-prob → 0)."""
     lp = 0.0 if answer_logp is None or math.isnan(answer_logp) else float(answer_logp)
     return text[:4] + [float(n_tokens), text[4], text[5], lp] + list(internal) + list(profile)

@@ -63,7 +63,8 @@ class TokenText:
             v = int(s)
             options = [str(v - 1), str(v + 1)] if v >= 1 else [str(v + 1)]
         elif s.lower() in ("true", "false"):
-            flip = {"true": "false", "false": "true", "True": "False", "False": "True", "TRUE": "FALSE", "FALSE": "TRUE"}
+            flip = {"true": "false", "false": "true", "True": "False", "False": "True",
+                    "TRUE": "FALSE", "FALSE": "TRUE"}
             options = [flip.get(s, "false" if s.lower() == "true" else "true")]
         else:
             return None

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sift.companion import edct as E
+from sift.errors import SiftError
 
 Q = "Tom has 3 apples and buys 5 more. How many apples does he have?"
 
@@ -38,7 +39,7 @@ def test_extraction_and_edit():
     assert e.edited.startswith("Tom has 4 apples and buys 5 more.") and e.new_value == "4"
     r = E.make_edit("Tom has 3 apples, and 5 pears.", "3", kind="remove")
     assert r.edited == "Tom has apples, and 5 pears." and r.new_value is None
-    with pytest.raises(Exception):
+    with pytest.raises(SiftError, match="the new value equals the old one"):
         E.make_edit(Q, "3", new_value="3.0")
 
 
@@ -89,7 +90,8 @@ def test_chain_sufficient_evidence_cases():
 
     def shifting(question):  # cites the age it reads; answer ignores it
         age, a, b = _nums(question)
-        return E.CoTOutput(str(a + b), (f"Tom is {age}; age is irrelevant here.", f"Tom is {age}.", f"{a} + {b} = {a + b}."))
+        return E.CoTOutput(str(a + b), (f"Tom is {age}; age is irrelevant here.", f"Tom is {age}.",
+                                        f"{a} + {b} = {a + b}."))
 
     def sticky(question):  # keeps citing the original age
         _, a, b = _nums(question)

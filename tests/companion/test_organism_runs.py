@@ -163,7 +163,8 @@ def test_organism_ice_edct_system1_smoke(organism_corpus):
         np.testing.assert_allclose(p.full_probs.sum(), 1.0)
         m = O.content_mask(p, src, "both")
         words = src.words(p.ids)
-        assert not m[0] and words[p.n_prompt - 2:p.n_prompt] == ["reason", ":"] and not m[p.n_prompt - 2:p.n_prompt].any()
+        assert (not m[0] and words[p.n_prompt - 2:p.n_prompt] == ["reason", ":"]
+                and not m[p.n_prompt - 2:p.n_prompt].any())
         assert m[p.n_prompt:p.n_prompt + p.n_cot].all() and not m[p.n_prompt + p.n_cot:].any()
         assert not any(m[i] for i, w in enumerate(words[:3]) if w in O.HEADER_WORDS)
     r = O.run_ice(src, sc, prep, explainers=["attention", "random"], operators=["deletion", "retrieval"], n_null=12,

@@ -286,7 +286,8 @@ def test_calibration_split_is_held_out_of_validation_by_item(traj, dm):
     assert tr == _items(dm.dataset("train")) and te == _items(dm.dataset("test"))
     assert va | ca == _items(dm.dataset("val"))
     assert len(ca) == round(0.5 * len(_items(dm.dataset("val"))))
-    assert [e.trace_id for e in cal.calib_dataloader().dataset.examples] == [e.trace_id for e in cal.dataset("calib").examples]
+    assert ([e.trace_id for e in cal.calib_dataloader().dataset.examples]
+            == [e.trace_id for e in cal.dataset("calib").examples])
     assert len(dm.dataset("calib")) == 0  # calib_fraction=0: no calibration split
     with pytest.raises(SiftError, match="calib_fraction"):
         TrajectoryDataModule(traj / "traj", calib_fraction=1.0)

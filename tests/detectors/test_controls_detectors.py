@@ -31,7 +31,8 @@ def _cfg(root, detector, out):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=[f"detector={detector}", "data=trajectory", f"data.trajectory_dir={root / 'traj'}",
+        cfg = compose("train", overrides=[f"detector={detector}", "data=trajectory",
+                                          f"data.trajectory_dir={root / 'traj'}",
                                           f"paths.output_dir={out}", "logger=none", "trainer.max_epochs=3",
                                           "trainer.enable_progress_bar=false"])
     GlobalHydra.instance().clear()

@@ -125,7 +125,8 @@ def test_detector_inference_engine_matches_detector_probabilities():
 
 def test_int8_probabilities_agree_with_fp32_within_tolerance():
     """Dynamic int8 (Linear weights int8, activations quantised per call) is an approximation: stated
-    tolerance max |ΔP| ≤ INT8_PROB_ATOL (0.2), mean |ΔP| ≤ 0.03, on traces whose fp32 probabilities spread over (0, 1)."""
+    tolerance max |ΔP| ≤ INT8_PROB_ATOL (0.2), mean |ΔP| ≤ 0.03, on traces whose fp32 probabilities spread
+    over (0, 1)."""
     net = _net()
     x, mask = _batch(B=64, T=40, zero_len=False)
     with torch.no_grad():  # spread the logits around 0 (a random head gives P ≈ 0.5, or all on one side)

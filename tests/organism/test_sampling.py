@@ -62,7 +62,8 @@ def test_choice_points_follow_the_stream_not_the_batch():
 def test_sampler_on_a_real_hf_model_is_reproducible():
     tok = toy_tokenizer()
     model = toy_model("llama", seed=1)
-    prompts = [tok.convert_tokens_to_ids(["<bos>", "terse", "evaluate", "true", "and", "false", ".", "reason", ":"])] * 2
+    prompts = [tok.convert_tokens_to_ids(["<bos>", "terse", "evaluate", "true", "and", "false", ".", "reason",
+                                          ":"])] * 2
     a = sample_choice_points(model, prompts, ["x", "y"], pad_id=tok.pad_token_id, eos_id=tok.eos_token_id,
                              max_new_tokens=6)
     b = sample_choice_points(model, prompts, ["x", "y"], pad_id=tok.pad_token_id, eos_id=tok.eos_token_id,

@@ -37,7 +37,7 @@ def test_manifest_and_shards_match_direct_extraction(setup):
     assert man["corpus"]["traces"] == len(records)
     assert sum(len(i["shards"]) for i in man["models"].values()) == len(_shards(out)) == man["shards"]["total"]
     got = {}
-    for m, info in man["models"].items():
+    for _m, info in man["models"].items():
         for s in info["shards"]:
             t, meta = C.read_shard(out / s, {k: info[k] for k in ("num_layers", "hidden_size", "vocab_size")})
             assert meta["key"] == info["key"] and meta["channels"] == info["channels"]
@@ -128,7 +128,8 @@ def test_model_that_does_not_match_the_cache_or_corpus(setup, tmp_path):
     from sift.organism.models import build_model
 
     small = build_model("gpt2", 20, tok.pad_token_id, 1, 2, width=32, layers=2, heads=2).eval()
-    with pytest.raises(SiftError, match=r"traces.jsonl: traces of 'gpt2' use token id \d+ but model .* vocabulary of 20"):
+    with pytest.raises(SiftError,
+                       match=r"traces.jsonl: traces of 'gpt2' use token id \d+ but model .* vocabulary of 20"):
         extract_corpus(corpus, tmp_path / "o", models, ExtractConfig(**CFG), families=["gpt2"],
                        loaded={"gpt2": (small, None)})
     with pytest.raises(SiftError, match="models` has no entry"):
@@ -145,7 +146,8 @@ def test_cli_config_composes_and_runs(setup, tmp_path):
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose("extract", overrides=[f"corpus_dir={corpus}", f"output_dir={out}", "progress=false",
                                             f"models.gpt2={models['gpt2']}", f"models.llama={models['llama']}",
-                                            "extraction.shard_size=8", "extraction.batch_size=8", "extraction.t_max=16"])
+                                            "extraction.shard_size=8", "extraction.batch_size=8",
+                                            "extraction.t_max=16"])
     m = run_extract(cfg)
     assert m["models"]["llama"]["key"] == man["models"]["llama"]["key"]  # same config ⇒ same cache
     assert m["shards"]["computed_by_rank0"] == 0

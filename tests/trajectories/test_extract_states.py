@@ -55,7 +55,8 @@ def test_last_block_is_pre_norm_and_hidden_states_are_block_outputs(model, recor
     P = len(r["prompt_ids"])
     solo = pack([r["prompt_ids"] + r["generated_ids"]], tok.pad_token_id)
     last = {}
-    h = find_blocks(model)[-1].register_forward_hook(lambda m, i, o: last.__setitem__("h", o[0] if isinstance(o, tuple) else o))
+    h = find_blocks(model)[-1].register_forward_hook(
+        lambda m, i, o: last.__setitem__("h", o[0] if isinstance(o, tuple) else o))
     model(**model_inputs(model, solo, "cpu"))
     h.remove()
     want = last["h"][0, P + c0:P + c1].mean(0)
