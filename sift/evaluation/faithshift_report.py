@@ -290,7 +290,8 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
 
     options = ReportOptions.of(sgr={"alpha": cfg.sgr.alpha, "delta": cfg.sgr.delta, "bound": cfg.sgr.bound},
                                reference="sift", title="sift-faithshift report",
-                               slice_ids=slice_ids_from_corpus(corpus), **common)
+                               slice_ids=slice_ids_from_corpus(corpus),
+                               section_modules=list((cfg.get("report") or {}).get("section_modules") or []), **common)
     report_from_predictions(preds, pairs, report_dir, options, extra_sections=[corpus_section(corpus), *extra],
                             meta=meta)
     results = report_dir / "results.json"
