@@ -1,6 +1,7 @@
 """Per-run computations shared by the report tables: aligned pair arrays, fast resampled metrics, SGR.
 
-A :class:`RunData` holds one :class:`Predictions` run (traces) with the verified pairs whose two traces it has,
+A :class:`RunData` is the view of one run's rows of the aligned
+:class:`~sift.evaluation.engine.PredictionTable` (its traces and the verified pairs whose two traces it has),
 encoded against a common list of base items so that the cluster bootstrap can resample base items once for
 all runs of a table (paper §7.1: 1,000 resamples stratified by base item). ``RunData.stats(items)`` computes
 every per-run number on the traces and pairs of the drawn base items (with multiplicity).
