@@ -30,7 +30,7 @@ from sift.evaluation.appendix_common import (
     pyplot,
     save_figure,
 )
-from sift.evaluation.engine import runs_table
+from sift.evaluation.engine import PredictionTable, runs_table
 from sift.evaluation.predictions import Pairs
 from sift.metrics.appendix_helpers import cluster_bootstrap_many
 from sift.metrics.invariance import ivr_compute, ivr_update
@@ -98,6 +98,7 @@ def mechanism_preservation_audit(
     scramble: Mapping[str, bool] | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Mechanism-preservation rate per preserving axis and IVR on mechanism-preserved pairs (App. H, Table 19).
 
@@ -162,7 +163,8 @@ def mechanism_preservation_audit(
 
     # IVR per detector on all pairs vs route-preserved pairs
     ivr_res: dict = {}
-    table = runs_table(runs, pairs)
+    if table is None:
+        table = runs_table(runs, pairs)
     for name, preds in runs.items():
         st = table.stack(name, preds)
         pr = table.pair_rows(st, "preserving")

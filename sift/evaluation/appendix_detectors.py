@@ -29,7 +29,7 @@ from sift.evaluation.appendix_common import (
     pyplot,
     save_figure,
 )
-from sift.evaluation.engine import runs_table
+from sift.evaluation.engine import PredictionTable, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.metrics import UndefinedMetricWarning
 from sift.metrics.appendix_helpers import (
@@ -81,6 +81,7 @@ def factorial_decomposition(
     coverage: float | None = 0.70,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """2×2×2 factorial decomposition of MFS at matched coverage (paper App. F, Table 17, Fig. 18).
 
@@ -110,7 +111,8 @@ def factorial_decomposition(
     if len(arch_levels) != 2 or len(obj_levels) != 2 or len({tuple(v) for v in design.values()}) != 4:
         raise SiftError(f"factorial design must cross 2 architectures × 2 objectives in 4 runs, got {design}")
     names = list(design)
-    table = runs_table({n: runs[n] for n in names}, pairs, (ensembles or {}).values())
+    if table is None:
+        table = runs_table({n: runs[n] for n in names}, pairs, (ensembles or {}).values())
     stacks = [table.stack(n, runs[n]) for n in names]
     ens_stacks = []
     for n, st in zip(names, stacks):
@@ -251,6 +253,7 @@ def stability_sensitivity(
     coverages: Sequence[float | None] = (None, 0.70),
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Joint stability (1 − IVR) and alteration sensitivity (AS) per detector (paper App. G, Table 18, Fig. 19).
 
@@ -264,7 +267,8 @@ def stability_sensitivity(
     """
     res: dict = {}
     tables = []
-    table = runs_table(runs, pairs)
+    if table is None:
+        table = runs_table(runs, pairs)
     for cov in coverages:
         key = "full" if cov is None else f"kappa_{cov:.2f}"
         res[key] = {}
@@ -381,6 +385,7 @@ def label_noise_sensitivity(
     reverify: bool = False,
     n_resamples: int = 200,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Metrics recomputed after flipping a fraction ε of the verified labels (paper App. C.8.1, Fig. 10).
 
@@ -404,7 +409,8 @@ def label_noise_sensitivity(
     the ε = 0 ranking, and the largest ε up to which the ranking is unchanged.
     """
     names = list(runs)
-    table = runs_table(runs, pairs)
+    if table is None:
+        table = runs_table(runs, pairs)
     stacks = _common_traces([table.stack(n, runs[n]) for n in names])
     ref = stacks[0]
     pres, alt = table.pair_rows(ref, "preserving"), table.pair_rows(ref, "altering")
@@ -532,6 +538,7 @@ def abstention_characterisation(
     delta: float = 0.05,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Abstained versus committed traces (paper App. C.7.2, Table 10).
 
@@ -549,7 +556,8 @@ def abstention_characterisation(
     """
     res: dict = {}
     parts = []
-    table = runs_table(runs)
+    if table is None:
+        table = runs_table(runs)
     for name, preds in runs.items():
         st = table.stack(name, preds)
         v, r = st.verdict, st.rho
@@ -641,6 +649,7 @@ def optimal_coverage(
     grid: Sequence[float] | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Decision-theoretic optimal coverage κ* per cost regime (paper App. C.7.4, eq. 43, Table 11).
 
@@ -657,7 +666,8 @@ def optimal_coverage(
     grid = np.round(np.linspace(0, 1, 101), 10) if grid is None else np.asarray(grid, float)
     res: dict = {}
     curves: dict = {}
-    table = runs_table(runs)
+    if table is None:
+        table = runs_table(runs)
     for name, preds in runs.items():
         st = table.stack(name, preds)
         v, r, y = st.verdict, st.rho, st.label.astype(int)

@@ -26,7 +26,7 @@ from sift.evaluation.appendix_common import (
     pyplot,
     save_figure,
 )
-from sift.evaluation.engine import runs_table
+from sift.evaluation.engine import PredictionTable, runs_table
 from sift.evaluation.predictions import Pairs
 from sift.metrics import UndefinedMetricWarning
 from sift.metrics.appendix_helpers import cluster_bootstrap_many, partial_correlation, pearson
@@ -111,6 +111,7 @@ def theorem_bound_audit(
     extra_features: Mapping[str, Mapping[str, float]] | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Theorem 4.6 bound versus observed IVR, and the audit of its assumptions (paper App. C.8, App. I).
 
@@ -137,7 +138,8 @@ def theorem_bound_audit(
     res: dict = {}
     rows, arows = [], []
     scatter = []
-    table = runs_table(runs, pairs)
+    if table is None:
+        table = runs_table(runs, pairs)
     for name, preds in runs.items():
         st = table.stack(name, preds)
         pres = table.pair_rows(st, "preserving")
@@ -293,6 +295,7 @@ def spurious_feature_correlations(
     extra_features: Mapping[str, Mapping[str, float]] | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Correlation of candidate spurious-feature changes with verdict flips on preserving pairs (App. C.6, Table 9).
 
@@ -310,7 +313,8 @@ def spurious_feature_correlations(
     res: dict = {}
     rows = []
     cache: dict[tuple[str, str], dict[str, float]] = {}
-    table = runs_table(runs, pairs)
+    if table is None:
+        table = runs_table(runs, pairs)
     for name, preds in runs.items():
         st = table.stack(name, preds)
         pres = table.pair_rows(st, "preserving")

@@ -173,6 +173,11 @@ class PredictionTable:
     def _position(self) -> dict[int, int]:
         return {id(p): i for i, p in enumerate(self.runs)}
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_position", None)  # object ids: rebuilt after unpickling
+        return state
+
     def index_of(self, run: int | Predictions) -> int:
         """Position of a run (given as a position or as one of :attr:`runs`)."""
         if isinstance(run, Predictions):
@@ -283,16 +288,25 @@ def runs_table(runs: Mapping[str, Predictions | Sequence[Predictions]], pairs: P
 @dataclass(eq=False)
 class ReportContext:
     """Everything a report section reads: the options, the verified pairs, the output folder, the aligned
-    prediction table and the runs grouped by role (see :func:`sift.evaluation.run.report_from_predictions`)."""
+    prediction table and the runs grouped by role (see :func:`sift.evaluation.run.report_from_predictions`).
+    ``aligned``: the table of ``predictions`` and ``pairs`` when the caller has built it already (the main job
+    shares it with the appendix analyses)."""
 
     predictions: list[Predictions]
     pairs: Pairs
     out_dir: Path
     options: ReportOptions = field(default_factory=ReportOptions)
+    aligned: PredictionTable | None = None
 
     @cached_property
     def table(self) -> PredictionTable:
         """The aligned per-trace table of every run."""
+        if self.aligned is not None:
+            same = len(self.aligned.runs) == len(self.predictions) and all(
+                a is b for a, b in zip(self.aligned.runs, self.predictions))
+            if not same or self.aligned.pairs is not self.pairs:
+                raise SiftError("ReportContext: the given prediction table is not that of these predictions and pairs")
+            return self.aligned
         return PredictionTable.of(self.predictions, self.pairs)
 
     @cached_property

@@ -84,3 +84,29 @@ def test_stack_rejects_seeds_disagreeing_on_labels(two_seeds):
     bad = run(1, ["a1", "a2"], [0.5, 0.5], [0, 1])
     with pytest.raises(SiftError, match="disagree on verified labels"):
         runs_table({"d": [r0, bad]}, pairs).stack("d", [r0, bad])
+
+
+def test_a_pickled_table_finds_its_runs_again(two_seeds):
+    import pickle
+
+    r0, r1, pairs = two_seeds
+    t = PredictionTable.of([r0, r1], pairs)
+    t.index_of(r1)  # fills the position cache with this process's object ids
+    runs, t2 = pickle.loads(pickle.dumps(([r0, r1], t)))  # one pickle: the runs stay the table's runs
+    assert t2.index_of(runs[1]) == 1 and t2.stack("d", runs).rows.tolist() == [[0, 1, 2, 3], [6, 5, 7, 4]]
+
+
+def test_report_context_and_appendix_read_a_given_table(two_seeds, tmp_path):
+    from sift.evaluation.appendix import run_appendix
+    from sift.evaluation.engine import ReportContext
+
+    r0, r1, pairs = two_seeds
+    t = PredictionTable.of([r0, r1], pairs)
+    assert ReportContext([r0, r1], pairs, tmp_path, aligned=t).table is t
+    with pytest.raises(SiftError, match="not that of these predictions"):
+        _ = ReportContext([r1, r0], pairs, tmp_path, aligned=t).table
+    inputs = {"runs": {"d": [r0, r1]}, "pairs": pairs}
+    common = {"n_resamples": 5, "seed": 0}
+    own = run_appendix(inputs, names=["stability_sensitivity"], common=common)[0]
+    shared = run_appendix({**inputs, "table": t}, names=["stability_sensitivity"], common=common)[0]
+    assert shared.markdown == own.markdown and shared.results == own.results
