@@ -3,6 +3,9 @@
 Conventions of every table (DESIGN §7): verdict = prob ≥ frozen threshold; gate ρ = max(s, 1−s); a row with
 several seeds shows the mean over seeds; 95 % CIs are percentile cluster-bootstrap intervals over base items,
 every run of a table resampled with the same draws (:func:`sift.evaluation.analysis.bootstrap_vector`).
+Every table function reads its runs as views of one aligned
+:class:`~sift.evaluation.engine.PredictionTable`: its ``table`` argument (the report passes
+``ReportContext.table``), or, when None, the table of the runs it is given.
 """
 
 from __future__ import annotations
