@@ -55,12 +55,20 @@ class TransferConfig:
 
 
 @dataclass
+class ReportConfig:
+    """What the main job's report adds to the built-in sections."""
+
+    section_modules: list[str] = field(default_factory=list)  # modules registering extra report sections
+
+
+@dataclass
 class FaithShiftConfig:
     """``sift-faithshift`` (``configs/faithshift.yaml`` + a ``preset``)."""
 
     paths: PathsConfig = field(default_factory=PathsConfig)
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     sgr: SGRConfig = field(default_factory=SGRConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     seed: int = MISSING
     preset_name: str = MISSING
     n_items: int = MISSING

@@ -1,6 +1,7 @@
 """Per-run computations shared by the report tables: aligned pair arrays, fast resampled metrics, SGR.
 
-A :class:`RunData` holds one :class:`Predictions` run (traces) with the verified pairs whose two traces it has,
+A :class:`RunData` is the view of one run's rows of the aligned
+:class:`~sift.evaluation.engine.PredictionTable` (its traces and the verified pairs whose two traces it has),
 encoded against a common list of base items so that the cluster bootstrap can resample base items once for
 all runs of a table (paper §7.1: 1,000 resamples stratified by base item). ``RunData.stats(items)`` computes
 every per-run number on the traces and pairs of the drawn base items (with multiplicity).
@@ -66,66 +67,65 @@ class Items:
         return ClusterRows(codes, len(self))
 
 
-@dataclass
+@dataclass(eq=False)
 class RunData:
-    """One run's traces and aligned pairs. ``t_star`` is the SGR threshold on ρ (inf if infeasible)."""
+    """One run's traces and aligned pairs: a view of its rows of the
+    :class:`~sift.evaluation.engine.PredictionTable` (built by ``PredictionTable.run_data``), with pair rows
+    local to the run. ``run`` is the source run (seed, meta); ``t_star`` is the SGR threshold on ρ (inf if
+    infeasible)."""
 
-    pred: Predictions
+    run: Predictions
     axes: list[str]
+    trace_id: np.ndarray
+    item: np.ndarray
+    label: np.ndarray
+    prob: np.ndarray
+    verdict: np.ndarray
+    rho: np.ndarray
     sgr: SGRResult | None = None
     t_star: float = math.inf
-    # trace arrays
-    prob: np.ndarray = field(init=False)
-    label: np.ndarray = field(init=False)
-    verdict: np.ndarray = field(init=False)
-    rho: np.ndarray = field(init=False)
-    correct: np.ndarray = field(init=False)
-    # pair arrays (pairs with both traces in the run)
-    p_src: np.ndarray = field(init=False)
-    p_dst: np.ndarray = field(init=False)
-    p_axis: np.ndarray = field(init=False)  # index into axes, -1 for altering
-    p_alt: np.ndarray = field(init=False)  # altering pair with a label change
-    p_items: np.ndarray = field(init=False)
+    # pair arrays (pairs with both traces in the run), rows local to the run
+    p_src: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    p_dst: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    p_axis: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # index into axes, -1: altering
+    p_alt: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # altering pair with a label change
+    p_items: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+    p_ylab: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (np.zeros(0, int), np.zeros(0, int)))
     trace_index: ClusterRows | None = None
     pair_index: ClusterRows | None = None
 
-    def __post_init__(self) -> None:
-        p = self.pred
-        self.prob, self.label = p.prob, p.label
-        self.verdict = p.verdict
-        self.rho = p.confidence
-        self.correct = p.correct
-        self.p_src = self.p_dst = self.p_axis = np.zeros(0, dtype=np.int64)
-        self.p_alt = np.zeros(0, dtype=bool)
-        self.p_items = np.zeros(0, dtype=object)
-        self.p_ylab = (np.zeros(0, int), np.zeros(0, int))
+    def __len__(self) -> int:
+        return int(self.trace_id.size)
 
-    def attach_pairs(self, pairs: Pairs | None) -> RunData:
-        if pairs is None or len(pairs) == 0:
-            return self
-        src, dst, keep = pairs.rows(self.pred)
-        kind = pairs.kind[keep]
-        axis = pairs.axis[keep]
+    @property
+    def correct(self) -> np.ndarray:
+        return (self.verdict == self.label).astype(int)
+
+    def row_of(self) -> dict[str, int]:
+        """trace_id → run-local row."""
+        return {t: i for i, t in enumerate(self.trace_id.tolist())}
+
+    def set_pairs(self, src: np.ndarray, dst: np.ndarray, axis: np.ndarray, kind: np.ndarray, phi_src: np.ndarray,
+                  phi_dst: np.ndarray, items: np.ndarray) -> None:
+        """The run's pairs (run-local source/shifted rows), coded for the statistics."""
         lookup = {a: i for i, a in enumerate(self.axes)}
-        self.p_src, self.p_dst = src[keep], dst[keep]
+        self.p_src, self.p_dst = src, dst
         self.p_axis = np.array([lookup.get(str(a), -1) if k == "preserving" else -1 for a, k in zip(axis, kind)],
                                dtype=np.int64)
-        ys, yd = pairs.phi_source[keep].astype(int), pairs.phi_shifted[keep].astype(int)
-        self.p_alt = (kind == "altering") & (ys != yd)
-        self.p_ylab = (ys, yd)
-        self.p_items = pairs.base_item[keep]
-        return self
+        self.p_alt = (kind == "altering") & (phi_src != phi_dst)
+        self.p_ylab = (phi_src, phi_dst)
+        self.p_items = items
 
-    def certify(self, cfg: SelectiveConfig, calib: Predictions | None = None) -> RunData:
-        """SGR threshold on ρ calibrated on ``calib`` (e.g. the validation split) or, without it, on this run's
-        own traces (in-sample, as the paper's Table 3 reports it)."""
-        src = calib if calib is not None else self.pred
-        self.sgr = cfg.run(src.confidence, src.correct)
+    def certify(self, cfg: SelectiveConfig, calib: RunData | None = None) -> RunData:
+        """SGR threshold on ρ calibrated on ``calib`` (the same detector and seed on e.g. the validation split)
+        or, without it, on this run's own traces (in-sample, as the paper's Table 3 reports it)."""
+        src = calib if calib is not None else self
+        self.sgr = cfg.run(src.rho, src.correct)
         self.t_star = self.sgr.threshold if self.sgr.feasible else math.inf
         return self
 
     def index(self, items: Items) -> RunData:
-        self.trace_index = items.index(self.pred.base_item)
+        self.trace_index = items.index(self.item)
         self.pair_index = items.index(self.p_items)
         return self
 
@@ -151,7 +151,7 @@ class RunData:
 
     def stats(self, drawn: np.ndarray | None = None) -> dict[str, Any]:
         """Every per-run number on the traces/pairs of the drawn items (None: all)."""
-        trow = self.trace_index.rows(drawn) if self.trace_index is not None else np.arange(len(self.pred))
+        trow = self.trace_index.rows(drawn) if self.trace_index is not None else np.arange(len(self))
         prow = self.pair_index.rows(drawn) if self.pair_index is not None else np.arange(self.n_pairs)
         out: dict[str, Any] = {"auroc": auroc_kernel(self.prob[trow], self.label[trow]) if trow.size else NAN}
         per, ivr, as_ = self.pair_rates(prow)
@@ -282,18 +282,6 @@ def check_same_split(runs: dict[str, list[Predictions]]) -> None:
     splits = {p.split for lst in runs.values() for p in lst}
     if len(splits) > 1:
         raise SiftError(f"runs mix predictions of several splits {sorted(splits)}; pass one split per table")
-
-
-def fmt(v: float, digits: int = 3) -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
-
-
-def fmt_ci(est: float, low: float, high: float, digits: int = 3) -> str:
-    if est is None or math.isnan(est):
-        return "—"
-    if low is None or math.isnan(low) or math.isnan(high):
-        return fmt(est, digits)
-    return f"{est:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def num(v: Any) -> float | None:

@@ -11,7 +11,10 @@ Common inputs:
   split (an ensemble can be its own entry with a one-element list);
 - ``pairs``: :class:`~sift.evaluation.predictions.Pairs` (``Pairs.from_corpus(corpus_dir)``);
 - ``traces``: :class:`~sift.evaluation.appendix_common.TraceTable` (``TraceTable.from_corpus(corpus_dir)``);
-- ``out_dir``: the report folder (figures are written to ``out_dir/figures`` and referenced relatively).
+- ``out_dir``: the report folder (figures are written to ``out_dir/figures`` and referenced relatively);
+- ``table``: the report's aligned :class:`~sift.evaluation.engine.PredictionTable` holding ``runs`` and ``pairs``,
+  given to every analysis (each reads its seed stacks and pair rows from it; without it, each builds the table of
+  its ``runs`` and ``pairs``).
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ def run_appendix(
             continue
         params = inspect.signature(a.function).parameters
         kw = {k: inputs[k] for k in a.requires}
-        kw.update({k: inputs[k] for k in a.optional if inputs.get(k) is not None})
+        kw.update({k: inputs[k] for k in (*a.optional, "table") if inputs.get(k) is not None})
         kw.update({k: v for k, v in common.items() if k in params})
         kw.update(options.get(a.name, {}))
         out.append(a.function(**kw))

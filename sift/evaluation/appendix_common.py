@@ -1,4 +1,5 @@
-"""Shared machinery of the appendix analyses: seed stacks, pair rows, certified IVR/AS/MFS at an operating
+"""Shared machinery of the appendix analyses: seed stacks and pair rows (views of the
+:class:`~sift.evaluation.engine.PredictionTable`), certified IVR/AS/MFS at an operating
 point, the joint trace+pair cluster bootstrap, corpus trace tables, and formatting.
 
 Conventions (DESIGN.md §7): verdict 1 = faithful (prob ≥ frozen threshold); gate ρ = max(s, 1 − s); IVR over
@@ -13,15 +14,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from sift.errors import SiftError
-from sift.evaluation.predictions import Pairs, Predictions
+from sift.evaluation.predictions import Predictions
 from sift.metrics.appendix_helpers import BootstrapMany, coverage_threshold
 from sift.metrics.invariance import as_compute, as_update, certified_pairs, ivr_compute, ivr_update, mfs_compute
+from sift.report import numbers
 
 #: the runs an appendix analysis reads: detector name → its seed runs (one Predictions per seed)
 Runs = Mapping[str, Sequence[Predictions]]
@@ -31,7 +34,9 @@ Runs = Mapping[str, Sequence[Predictions]]
 
 @dataclass(eq=False)
 class SeedStack:
-    """The seeds of one detector aligned on common traces: ``prob``/``verdict``/``rho`` are [S, N]."""
+    """The seeds of one detector aligned on common traces: ``prob``/``verdict``/``rho`` are [S, N]; ``rows`` are
+    the :class:`~sift.evaluation.engine.PredictionTable` rows of each seed's traces ([S, N]; built by
+    ``PredictionTable.stack``, whose ``pair_rows`` locates the stack's pairs through the first seed's rows)."""
 
     name: str
     trace_id: np.ndarray
@@ -43,6 +48,7 @@ class SeedStack:
     prob: np.ndarray
     threshold: np.ndarray  # [S]
     seeds: list
+    rows: np.ndarray  # [S, N]
 
     @property
     def verdict(self) -> np.ndarray:
@@ -61,32 +67,7 @@ class SeedStack:
 
     def with_prob(self, prob: np.ndarray, threshold: np.ndarray, name: str | None = None) -> "SeedStack":
         return SeedStack(name or self.name, self.trace_id, self.base_item, self.domain, self.model, self.condition,
-                         self.label, np.atleast_2d(prob), np.atleast_1d(threshold), self.seeds)
-
-
-def stack_runs(name: str, runs: Predictions | Sequence[Predictions]) -> SeedStack:
-    """Align the seeds of one detector on the traces all of them cover (first seed's order)."""
-    runs = [runs] if isinstance(runs, Predictions) else list(runs)
-    if not runs:
-        raise SiftError(f"{name}: no predictions")
-    ref = runs[0]
-    common = set(ref.trace_id.tolist())
-    for r in runs[1:]:
-        common &= set(r.trace_id.tolist())
-    keep = np.array([t in common for t in ref.trace_id.tolist()], bool)
-    if not keep.any():
-        raise SiftError(f"{name}: the seeds share no trace")
-    tid = ref.trace_id[keep]
-    probs = []
-    for r in runs:
-        idx = r.index()
-        rows = np.array([idx[t] for t in tid.tolist()], int)
-        if not np.array_equal(r.label[rows], ref.label[keep]):
-            raise SiftError(f"{name}: seeds {ref.seed} and {r.seed} disagree on verified labels")
-        probs.append(r.prob[rows])
-    return SeedStack(name, tid, ref.base_item[keep], ref.domain[keep], ref.model[keep], ref.condition[keep],
-                     ref.label[keep], np.array(probs), np.array([r.threshold for r in runs], float),
-                     [r.seed for r in runs])
+                         self.label, np.atleast_2d(prob), np.atleast_1d(threshold), self.seeds, self.rows)
 
 
 # ------------------------------------------------------------------------------------------------ pair rows
@@ -110,17 +91,6 @@ class PairRows:
 
     def subset(self, mask: np.ndarray) -> "PairRows":
         return PairRows(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
-
-
-def pair_rows(stack: SeedStack, pairs: Pairs, kind: str) -> PairRows:
-    p = pairs.select(kind=kind)
-    idx = stack.index()
-    keep = np.array([s in idx and t in idx for s, t in zip(p.source_id.tolist(), p.shifted_id.tolist())], bool)
-    src = np.array([idx[s] for s in p.source_id[keep].tolist()], int)
-    dst = np.array([idx[t] for t in p.shifted_id[keep].tolist()], int)
-    return PairRows(src, dst, p.axis[keep].astype(str), p.base_item[keep].astype(str),
-                    p.phi_source[keep].astype(int), p.phi_shifted[keep].astype(int),
-                    p.source_id[keep].astype(str), p.shifted_id[keep].astype(str))
 
 
 @dataclass(eq=False)
@@ -303,18 +273,9 @@ def nan_none(v: Any) -> Any:
     return v
 
 
-def fmt(v: Any, digits: int = 3) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "–"
-    return f"{v:.{digits}f}" if isinstance(v, (float, np.floating)) else str(v)
-
-
-def fmt_ci(d: dict[str, Any], digits: int = 3) -> str:
-    """'0.123 [0.100, 0.150]' from a ``ci`` dict."""
-    est = fmt(d.get("estimate"), digits)
-    if d.get("low") is None or d.get("high") is None:
-        return est
-    return f"{est} [{fmt(d['low'], digits)}, {fmt(d['high'], digits)}]"
+#: the appendix's number formats (:mod:`sift.report.numbers` with an en dash for an undefined value)
+fmt = partial(numbers.fmt, dash=numbers.EN_DASH)
+fmt_cell = partial(numbers.fmt_cell, dash=numbers.EN_DASH)
 
 
 def save_figure(fig: Any, out_dir: str | Path | None, name: str) -> list[str]:

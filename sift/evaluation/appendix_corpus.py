@@ -25,13 +25,12 @@ from sift.evaluation.appendix_common import (
     Runs,
     TraceTable,
     ci,
-    fmt_ci,
+    fmt_cell,
     nan_none,
-    pair_rows,
     pyplot,
     save_figure,
-    stack_runs,
 )
+from sift.evaluation.engine import PredictionTable, runs_table
 from sift.evaluation.predictions import Pairs
 from sift.metrics.appendix_helpers import cluster_bootstrap_many
 from sift.metrics.invariance import ivr_compute, ivr_update
@@ -99,6 +98,7 @@ def mechanism_preservation_audit(
     scramble: Mapping[str, bool] | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Mechanism-preservation rate per preserving axis and IVR on mechanism-preserved pairs (App. H, Table 19).
 
@@ -163,9 +163,11 @@ def mechanism_preservation_audit(
 
     # IVR per detector on all pairs vs route-preserved pairs
     ivr_res: dict = {}
+    if table is None:
+        table = runs_table(runs, pairs)
     for name, preds in runs.items():
-        st = stack_runs(name, preds)
-        pr = pair_rows(st, pairs, "preserving")
+        st = table.stack(name, preds)
+        pr = table.pair_rows(st, "preserving")
         ok = np.array([s in idx and t in idx for s, t in zip(pr.source_id.tolist(), pr.shifted_id.tolist())], bool)
         pr = pr.subset(ok)
         if len(pr) == 0:
@@ -199,10 +201,10 @@ def mechanism_preservation_audit(
                              "change": ci(bi, 3 * gi + 2)} for gi, g in enumerate(axes + ["mean"])}
 
     hdr = ["axis", "pairs", "route preserved"] + (["scramble agreement", "CoT necessary (both)"] if have_scr else [])
-    rows = [[g, rates[g]["n_pairs"], fmt_ci(rates[g]["route_preserved"])]
-            + ([fmt_ci(rates[g]["scramble_agreement"]), fmt_ci(rates[g]["cot_necessary_both"])] if have_scr else [])
+    rows = [[g, rates[g]["n_pairs"], fmt_cell(rates[g]["route_preserved"])]
+            + ([fmt_cell(rates[g]["scramble_agreement"]), fmt_cell(rates[g]["cot_necessary_both"])] if have_scr else [])
             for g in axes + ["mean"]]
-    irows = [[n, g, fmt_ci(d[g]["ivr_all"]), fmt_ci(d[g]["ivr_preserved"]), fmt_ci(d[g]["change"])]
+    irows = [[n, g, fmt_cell(d[g]["ivr_all"]), fmt_cell(d[g]["ivr_preserved"]), fmt_cell(d[g]["change"])]
              for n, d in ivr_res.items() for g in axes + ["mean"]]
     trans = [f"- {g}: " + ", ".join(f"{t} ×{c}" for t, c in list(rates[g]["transitions"].items())[:5])
              for g in axes if rates[g]["transitions"]]

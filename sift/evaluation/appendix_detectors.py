@@ -23,16 +23,15 @@ from sift.evaluation.appendix_common import (
     TraceTable,
     ci,
     fmt,
-    fmt_ci,
+    fmt_cell,
     nan_none,
     operating_metrics,
-    pair_rows,
     pyplot,
     save_figure,
-    stack_runs,
 )
+from sift.evaluation.engine import PredictionTable, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
-from sift.metrics._checks import UndefinedMetricWarning
+from sift.metrics import UndefinedMetricWarning
 from sift.metrics.appendix_helpers import (
     cluster_bootstrap_many,
     coverage_threshold,
@@ -68,7 +67,7 @@ def _common_traces(stacks: list[SeedStack]) -> list[SeedStack]:
         idx = s.index()
         rows = np.array([idx[t] for t in ref], int)
         out.append(SeedStack(s.name, s.trace_id[rows], s.base_item[rows], s.domain[rows], s.model[rows],
-                             s.condition[rows], s.label[rows], s.prob[:, rows], s.threshold, s.seeds))
+                             s.condition[rows], s.label[rows], s.prob[:, rows], s.threshold, s.seeds, s.rows[:, rows]))
     return out
 
 
@@ -82,6 +81,7 @@ def factorial_decomposition(
     coverage: float | None = 0.70,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """2×2×2 factorial decomposition of MFS at matched coverage (paper App. F, Table 17, Fig. 18).
 
@@ -111,11 +111,13 @@ def factorial_decomposition(
     if len(arch_levels) != 2 or len(obj_levels) != 2 or len({tuple(v) for v in design.values()}) != 4:
         raise SiftError(f"factorial design must cross 2 architectures × 2 objectives in 4 runs, got {design}")
     names = list(design)
-    stacks = [stack_runs(n, runs[n]) for n in names]
+    if table is None:
+        table = runs_table({n: runs[n] for n in names}, pairs, (ensembles or {}).values())
+    stacks = [table.stack(n, runs[n]) for n in names]
     ens_stacks = []
     for n, st in zip(names, stacks):
         if ensembles and n in ensembles:
-            e = stack_runs(n + "_ensemble", [ensembles[n]])
+            e = table.stack(n + "_ensemble", [ensembles[n]])
         else:
             if st.n_seeds < 2:
                 raise SiftError(f"factorial: run {n!r} has {st.n_seeds} seed; the ensemble factor needs ≥ 2 "
@@ -125,7 +127,7 @@ def factorial_decomposition(
     aligned = _common_traces(stacks + ens_stacks)
     stacks, ens_stacks = aligned[:4], aligned[4:]
     ref = stacks[0]
-    pres, alt = pair_rows(ref, pairs, "preserving"), pair_rows(ref, pairs, "altering")
+    pres, alt = table.pair_rows(ref, "preserving"), table.pair_rows(ref, "altering")
     joint = JointRows.of(ref, pres, alt)
 
     # cells in the paper's letters: (arch, objective, ensemble) with 0 = low, 1 = high
@@ -174,7 +176,7 @@ def factorial_decomposition(
         cell_res[letters[k]] = d
         rows.append([letters[k], d["architecture"], d["objective"],
                      f"{d['n_seeds']}-seed avg" if k[2] else "single (seed mean)",
-                     fmt_ci(d["ivr"]), fmt_ci(d["as"]), fmt(d["coverage"]["estimate"]), fmt_ci(d["mfs"])])
+                     fmt_cell(d["ivr"]), fmt_cell(d["as"]), fmt(d["coverage"]["estimate"]), fmt_cell(d["mfs"])])
     off = n_cells * 4
     eff_res, erows = {}, []
     for j, e in enumerate(_EFFECTS):
@@ -182,8 +184,8 @@ def factorial_decomposition(
         if j < 3:
             d["share_of_gain"] = ci(b, off + 14 + j)
         eff_res[e] = d
-        erows.append([e, fmt_ci(d["effect"]), fmt_ci(d["ss_share"]),
-                      fmt_ci(d["share_of_gain"]) if j < 3 else ""])
+        erows.append([e, fmt_cell(d["effect"]), fmt_cell(d["ss_share"]),
+                      fmt_cell(d["share_of_gain"]) if j < 3 else ""])
     total = ci(b, off + 17)
     kappa_txt = "full coverage" if coverage is None else f"matched coverage κ = {coverage:.2f}"
     md = [f"MFS of the 2×2×2 design at {kappa_txt} (paper App. F, Table 17); single-seed cells are seed means, "
@@ -193,7 +195,7 @@ def factorial_decomposition(
           "Effects (contrast coding: mean of high-level cells − mean of low-level cells); share of the "
           "between-cell sum of squares; main effect / sum of main effects.", "",
           markdown_table(["effect", "ΔMFS", "share of SS", "share of gain"], erows), "",
-          f"Cell F − cell A = {fmt_ci(total)}."]
+          f"Cell F − cell A = {fmt_cell(total)}."]
     figs = []
     if out_dir is not None:
         plt = pyplot()
@@ -251,6 +253,7 @@ def stability_sensitivity(
     coverages: Sequence[float | None] = (None, 0.70),
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Joint stability (1 − IVR) and alteration sensitivity (AS) per detector (paper App. G, Table 18, Fig. 19).
 
@@ -264,13 +267,15 @@ def stability_sensitivity(
     """
     res: dict = {}
     tables = []
+    if table is None:
+        table = runs_table(runs, pairs)
     for cov in coverages:
         key = "full" if cov is None else f"kappa_{cov:.2f}"
         res[key] = {}
         rows = []
         for name, preds in runs.items():
-            st = stack_runs(name, preds)
-            pres, alt = pair_rows(st, pairs, "preserving"), pair_rows(st, pairs, "altering")
+            st = table.stack(name, preds)
+            pres, alt = table.pair_rows(st, "preserving"), table.pair_rows(st, "altering")
             joint = JointRows.of(st, pres, alt)
             v, r = st.verdict, st.rho
 
@@ -287,8 +292,8 @@ def stability_sensitivity(
             d = {"stability": ci(b, 0), "as": ci(b, 1), "balanced": ci(b, 2), "coverage": ci(b, 3),
                  "seed_agreement": ci(b, 4), "n_seeds": st.n_seeds}
             res[key][name] = d
-            rows.append([name, fmt_ci(d["stability"]), fmt_ci(d["as"]), fmt_ci(d["balanced"]),
-                         fmt(d["coverage"]["estimate"]), fmt_ci(d["seed_agreement"])])
+            rows.append([name, fmt_cell(d["stability"]), fmt_cell(d["as"]), fmt_cell(d["balanced"]),
+                         fmt(d["coverage"]["estimate"]), fmt_cell(d["seed_agreement"])])
         pts = {n: (np.nan if d["stability"]["estimate"] is None else d["stability"]["estimate"],
                    np.nan if d["as"]["estimate"] is None else d["as"]["estimate"]) for n, d in res[key].items()}
         front = _pareto(pts)
@@ -380,6 +385,7 @@ def label_noise_sensitivity(
     reverify: bool = False,
     n_resamples: int = 200,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Metrics recomputed after flipping a fraction ε of the verified labels (paper App. C.8.1, Fig. 10).
 
@@ -403,9 +409,11 @@ def label_noise_sensitivity(
     the ε = 0 ranking, and the largest ε up to which the ranking is unchanged.
     """
     names = list(runs)
-    stacks = _common_traces([stack_runs(n, runs[n]) for n in names])
+    if table is None:
+        table = runs_table(runs, pairs)
+    stacks = _common_traces([table.stack(n, runs[n]) for n in names])
     ref = stacks[0]
-    pres, alt = pair_rows(ref, pairs, "preserving"), pair_rows(ref, pairs, "altering")
+    pres, alt = table.pair_rows(ref, "preserving"), table.pair_rows(ref, "altering")
     joint = JointRows.of(ref, pres, alt)
     y = ref.label.astype(int)
     k = len(_NOISE_METRICS)
@@ -457,7 +465,7 @@ def label_noise_sensitivity(
     rows = []
     for n in names:
         for m in ("auroc", "ivr", "as", "mfs", "sgr_coverage", "ivr_certified", "mfs_certified"):
-            rows.append([n, m] + [fmt_ci(c) for c in curves[n][m]])
+            rows.append([n, m] + [fmt_cell(c) for c in curves[n][m]])
     md = [f"Label noise: a fraction ε of verified labels flipped at random ({n_draws} draws per ε; "
           f"{'pairs re-verified on noisy labels' if reverify else 'pair set fixed, noisy labels score AS'}); "
           f"SGR at α = {alpha}, δ = {delta} re-calibrated on the noisy labels (in-sample). "
@@ -530,6 +538,7 @@ def abstention_characterisation(
     delta: float = 0.05,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Abstained versus committed traces (paper App. C.7.2, Table 10).
 
@@ -547,8 +556,10 @@ def abstention_characterisation(
     """
     res: dict = {}
     parts = []
+    if table is None:
+        table = runs_table(runs)
     for name, preds in runs.items():
-        st = stack_runs(name, preds)
+        st = table.stack(name, preds)
         v, r = st.verdict, st.rho
         gates = []
         for s in range(st.n_seeds):
@@ -604,9 +615,9 @@ def abstention_characterisation(
             sa = f" ({fmt(sds['sd_abstained'], 1)})" if sds else ""
             sc = f" ({fmt(sds['sd_committed'], 1)})" if sds else ""
             rows.append([an, fmt(d["abstained"]["estimate"]) + sa, fmt(d["committed"]["estimate"]) + sc,
-                         fmt_ci(d["difference"]), fmt(d["p_bootstrap"]), fmt(d["q_bh"])])
+                         fmt_cell(d["difference"]), fmt(d["p_bootstrap"]), fmt(d["q_bh"])])
         res[name] = d_res
-        parts += [f"**{name}**: abstention rate {fmt_ci(d_res['abstention_rate'])} "
+        parts += [f"**{name}**: abstention rate {fmt_cell(d_res['abstention_rate'])} "
                   f"(gate {', '.join(fmt(g) for g in gates)})", "",
                   markdown_table(["attribute", "abstained", "committed", "difference", "p (boot)", "q (BH)"], rows), ""]
     op = ("given gate thresholds" if thresholds else f"matched coverage κ = {coverage}" if coverage is not None
@@ -638,6 +649,7 @@ def optimal_coverage(
     grid: Sequence[float] | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Decision-theoretic optimal coverage κ* per cost regime (paper App. C.7.4, eq. 43, Table 11).
 
@@ -654,8 +666,10 @@ def optimal_coverage(
     grid = np.round(np.linspace(0, 1, 101), 10) if grid is None else np.asarray(grid, float)
     res: dict = {}
     curves: dict = {}
+    if table is None:
+        table = runs_table(runs)
     for name, preds in runs.items():
-        st = stack_runs(name, preds)
+        st = table.stack(name, preds)
         v, r, y = st.verdict, st.rho, st.label.astype(int)
 
         def cost_curves(idx, v=v, r=r, y=y, st=st):
@@ -678,8 +692,8 @@ def optimal_coverage(
     for name in res:
         for rg, (cfn, ca) in regimes.items():
             d = res[name][rg]
-            rows.append([name, rg, fmt(cfn, 1), fmt(ca, 1), fmt_ci(d["kappa_star"], 2), fmt_ci(d["min_cost"]),
-                         fmt_ci(d["cost_full_coverage"]), fmt_ci(d["saving_vs_full"])])
+            rows.append([name, rg, fmt(cfn, 1), fmt(ca, 1), fmt_cell(d["kappa_star"], 2), fmt_cell(d["min_cost"]),
+                         fmt_cell(d["cost_full_coverage"]), fmt_cell(d["saving_vs_full"])])
     md = [f"Optimal coverage κ* minimising eq. 43 (C_FP = 1; {pi_txt}; coverage grid of {len(grid)} points; "
           f"paper App. C.7.4). 95 % CIs: {n_resamples} base-item resamples.", "",
           markdown_table(["detector", "regime", "C_FN/C_FP", "C_A/C_FP", "κ*", "min cost", "cost at κ=1",

@@ -21,15 +21,14 @@ from sift.evaluation.appendix_common import (
     TraceTable,
     ci,
     fmt,
-    fmt_ci,
+    fmt_cell,
     nan_none,
-    pair_rows,
     pyplot,
     save_figure,
-    stack_runs,
 )
+from sift.evaluation.engine import PredictionTable, runs_table
 from sift.evaluation.predictions import Pairs
-from sift.metrics._checks import UndefinedMetricWarning
+from sift.metrics import UndefinedMetricWarning
 from sift.metrics.appendix_helpers import cluster_bootstrap_many, partial_correlation, pearson
 from sift.metrics.bounds import ivr_floor, slope_through_origin
 from sift.metrics.invariance import ivr_compute, ivr_update
@@ -112,6 +111,7 @@ def theorem_bound_audit(
     extra_features: Mapping[str, Mapping[str, float]] | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Theorem 4.6 bound versus observed IVR, and the audit of its assumptions (paper App. C.8, App. I).
 
@@ -138,9 +138,11 @@ def theorem_bound_audit(
     res: dict = {}
     rows, arows = [], []
     scatter = []
+    if table is None:
+        table = runs_table(runs, pairs)
     for name, preds in runs.items():
-        st = stack_runs(name, preds)
-        pres = pair_rows(st, pairs, "preserving")
+        st = table.stack(name, preds)
+        pres = table.pair_rows(st, "preserving")
         res[name] = {}
         for feat in features:
             s = _trace_feature(traces, feat, st.trace_id, extra_features)
@@ -176,8 +178,8 @@ def theorem_bound_audit(
                 d["assumptions_hold"] = {a: (None if est[a] is None else bool(est[a] <= t))
                                          for a, t in ASSUMPTION_THRESHOLDS.items()}
                 fres[g] = d
-                rows.append([name, feat, g, d["n_pairs"], fmt_ci(d["gamma"]), fmt_ci(d["bound_empirical"]),
-                             fmt_ci(d["bound_gaussian"]), fmt_ci(d["observed_ivr"]), fmt(est["slack"], 1) + "×"
+                rows.append([name, feat, g, d["n_pairs"], fmt_cell(d["gamma"]), fmt_cell(d["bound_empirical"]),
+                             fmt_cell(d["bound_gaussian"]), fmt_cell(d["observed_ivr"]), fmt(est["slack"], 1) + "×"
                              if est["slack"] is not None else "–",
                              {True: "yes", False: "NO", None: "–"}[d["bound_holds"]]])
                 flags = d["assumptions_hold"]
@@ -293,6 +295,7 @@ def spurious_feature_correlations(
     extra_features: Mapping[str, Mapping[str, float]] | None = None,
     n_resamples: int = 1000,
     seed: int = 0,
+    table: PredictionTable | None = None,
 ) -> Section:
     """Correlation of candidate spurious-feature changes with verdict flips on preserving pairs (App. C.6, Table 9).
 
@@ -310,9 +313,11 @@ def spurious_feature_correlations(
     res: dict = {}
     rows = []
     cache: dict[tuple[str, str], dict[str, float]] = {}
+    if table is None:
+        table = runs_table(runs, pairs)
     for name, preds in runs.items():
-        st = stack_runs(name, preds)
-        pres = pair_rows(st, pairs, "preserving")
+        st = table.stack(name, preds)
+        pres = table.pair_rows(st, "preserving")
         todo = [(s, t) for s, t in zip(pres.source_id.tolist(), pres.shifted_id.tolist()) if (s, t) not in cache]
         if todo:
             f = pair_features(traces, [s for s, _ in todo], [t for _, t in todo], extra_features)
@@ -357,7 +362,7 @@ def spurious_feature_correlations(
             d = {"rho": ci(b, 2 * j), "partial_rho": ci(b, 2 * j + 1), "p_bootstrap": nan_none(p_rho[j]),
                  "q_bh": nan_none(q[j]), "mean_change": float(x[:, j].mean())}
             d_res["features"][fn] = d
-            rows.append([name, fn, fmt(d["mean_change"]), fmt_ci(d["rho"]), fmt_ci(d["partial_rho"]),
+            rows.append([name, fn, fmt(d["mean_change"]), fmt_cell(d["rho"]), fmt_cell(d["partial_rho"]),
                          fmt(d["p_bootstrap"]), fmt(d["q_bh"])])
         res[name] = d_res
     md = ["Correlation between changes of candidate spurious features and verdict flips over verified preserving "

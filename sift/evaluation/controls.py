@@ -28,14 +28,15 @@ from sift.evaluation.analysis import (
     RunData,
     bootstrap_vector,
     common_items,
-    fmt_ci,
     group_runs,
     num,
     preserving_axes,
 )
+from sift.evaluation.engine import PredictionTable, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.metrics import UndefinedMetricWarning
 from sift.report import Section, markdown_table
+from sift.report.numbers import fmt_cell
 
 GROUP_ROW = "**controls**"
 #: the marker of a detector that does not beat the best control (CI of the margin not above 0)
@@ -75,15 +76,18 @@ def _common(runs: Sequence[Predictions], others: Sequence[Predictions]) -> np.nd
 
 
 def control_margins(rows: Mapping[str, Sequence[Predictions]], n_resamples: int = 1000, seed: int = 0,
-                    items: Items | None = None) -> dict[str, dict[str, Any]]:
+                    items: Items | None = None, table: PredictionTable | None = None) -> dict[str, dict[str, Any]]:
     """Per detector row: ``{estimate, low, high, best_control, n_traces, beats_controls, reason}`` for AUROC(row) −
     AUROC(best control), seed means, paired cluster bootstrap over base items (``items``: the table's list, so
-    the draws are the table's). Empty when there is no control row; control rows get none."""
+    the draws are the table's; ``table``: the prediction table holding the runs, built from them when None). Empty
+    when there is no control row; control rows get none."""
     ctrl = {k: v for k, v in rows.items() if is_control(k) and "ensemble" not in k}
     if not ctrl:
         return {}
     items = items or common_items([p for v in rows.values() for p in v])
-    full = {k: _seed_auc([RunData(p, []).index(items) for p in v], None) for k, v in ctrl.items()}
+    if table is None:
+        table = runs_table(rows)
+    full = {k: _seed_auc([table.run_data(p, paired=False).index(items) for p in v], None) for k, v in ctrl.items()}
     valid = {k: a for k, a in full.items() if not math.isnan(a)}
     out: dict[str, dict[str, Any]] = {}
     for row, runs in rows.items():
@@ -96,9 +100,10 @@ def control_margins(rows: Mapping[str, Sequence[Predictions]], n_resamples: int 
         best = max(valid, key=lambda k: valid[k])
         ids = _common(runs, ctrl[best])
         keep = set(ids.tolist())
-        sub = lambda p: p.subset(np.array([t in keep for t in p.trace_id.tolist()], bool))
-        det = [RunData(sub(p), []).index(items) for p in runs]
-        cdat = [RunData(sub(p), []).index(items) for p in ctrl[best]]
+        sub = lambda p: table.run_data(p, paired=False,  # noqa: E731
+                                       keep=np.array([t in keep for t in p.trace_id.tolist()], bool)).index(items)
+        det = [sub(p) for p in runs]
+        cdat = [sub(p) for p in ctrl[best]]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UndefinedMetricWarning)
             est, low, high = bootstrap_vector(lambda d: np.array([_seed_auc(det, d) - _seed_auc(cdat, d)]),
@@ -133,7 +138,7 @@ def slice_ids_from_corpus(corpus_dir: str | Path) -> set[str]:
 
 def matched_slice_section(runs: Mapping[str, Sequence[Predictions]], pairs: Pairs, slice_ids: set[str], *,
                           n_resamples: int = 1000, seed: int = 0, key: str = "matched_slice",
-                          title: str = "Matched-text slice") -> Section:
+                          title: str = "Matched-text slice", table: PredictionTable | None = None) -> Section:
     """AUROC, IVR, AS, MFS (full coverage) of every detector and control on the matched slice, seed means with
     95 % cluster-bootstrap CIs over base items; undefined cells are null with their reason."""
     rows = order_rows(group_runs({k: list(v) for k, v in runs.items()}))
@@ -147,14 +152,16 @@ def matched_slice_section(runs: Mapping[str, Sequence[Predictions]], pairs: Pair
         spairs = pairs
     all_preds = [p for v in rows.values() for p in v]
     items = common_items(all_preds, pairs=spairs)
+    if table is None:
+        table = runs_table(rows, pairs)
     names = ["auroc", "ivr", "as", "mfs"]
     results: dict[str, Any] = {"definition": "cue present, cue ≠ gold answer, answer = cue (sift.corpus.audit)",
                                "pairs": "pairs with at least one trace in the slice", "n_resamples": n_resamples,
                                "detectors": {}}
     md_rows, notes = [], []
     for row, preds in rows.items():
-        auc_rd = [RunData(p.subset(in_slice(p.trace_id)), []).index(items) for p in preds]
-        pair_rd = [RunData(p, axes).attach_pairs(spairs).index(items) for p in preds]
+        auc_rd = [table.run_data(p, paired=False, keep=in_slice(p.trace_id)).index(items) for p in preds]
+        pair_rd = [table.run_data(p, axes, pairs=spairs).index(items) for p in preds]
 
         def vec(drawn, auc_rd=auc_rd, pair_rd=pair_rd):
             a = _seed_auc(auc_rd, drawn)
@@ -169,8 +176,8 @@ def matched_slice_section(runs: Mapping[str, Sequence[Predictions]], pairs: Pair
             est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
         res: dict[str, Any] = {n: {"estimate": num(e), "low": num(lo), "high": num(hi)}
                                for n, e, lo, hi in zip(names, est, low, high)}
-        n_tr = [int(len(rd.pred)) for rd in auc_rd]
-        labels = np.concatenate([rd.pred.label for rd in auc_rd]) if auc_rd else np.zeros(0)
+        n_tr = [len(rd) for rd in auc_rd]
+        labels = np.concatenate([rd.label for rd in auc_rd]) if auc_rd else np.zeros(0)
         n_pres = [int((rd.p_axis >= 0).sum()) for rd in pair_rd]
         n_alt = [int(rd.p_alt.sum()) for rd in pair_rd]
         why = {"auroc": ("no trace of this split is in the slice" if not any(n_tr) else
@@ -185,7 +192,7 @@ def matched_slice_section(runs: Mapping[str, Sequence[Predictions]], pairs: Pair
         res.update(group="controls" if is_control(row) else "detectors", n_traces=n_tr, n_preserving_pairs=n_pres,
                    n_altering_pairs=n_alt)
         results["detectors"][row] = res
-        g = lambda n: fmt_ci(*(NAN if res[n][k] is None else res[n][k] for k in ("estimate", "low", "high")))
+        g = lambda n: fmt_cell(res[n])  # noqa: E731
         md_rows.append([row, n_tr[0] if n_tr else 0, g("auroc"), g("ivr"), g("as"), g("mfs")])
     md = [f"Traces whose prompt carries a cue that differs from the gold answer and whose answer equals the cue: "
           f"there the text looks alike for both mechanisms. {len(slice_ids)} traces of the corpus are in the slice; "

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 
 from sift.errors import SiftError
-from sift.evaluation.analysis import CALIB_SPLIT, SelectiveConfig
+from sift.evaluation.analysis import CALIB_SPLIT, RunData, SelectiveConfig
+from sift.evaluation.appendix_common import PairRows, SeedStack
 from sift.evaluation.predictions import Pairs, Predictions
 
 #: selective risk is reported at these coverages (paper Table 3 (a))
@@ -121,8 +122,10 @@ def _ablation(p: Predictions) -> str:
 class PredictionTable:
     """Every trace of every run, aligned in one set of columns (row r = one trace of one run).
 
-    ``run`` indexes :attr:`runs`; ``seed`` is -1 for an ensemble. ``pairs_of(run)`` gives the verified pairs
-    with both traces in that run as rows of this table.
+    ``run`` indexes :attr:`runs` (each run's rows are contiguous, from ``start[run]``); ``seed`` is -1 for an
+    ensemble. This is the one place where predictions and verified pairs are aligned: :meth:`pairs_of` gives the
+    pairs of a run as rows of the table, and the per-run (:meth:`run_data`) and per-detector seed-stack
+    (:meth:`stack`, :meth:`pair_rows`) views the tables and appendix analyses compute on are index views of it.
     """
 
     runs: tuple[Predictions, ...]
@@ -132,32 +135,62 @@ class PredictionTable:
     split: np.ndarray
     trace_id: np.ndarray
     item: np.ndarray
+    domain: np.ndarray
+    model: np.ndarray
     condition: np.ndarray
     label: np.ndarray
     prob: np.ndarray
     verdict: np.ndarray
     confidence: np.ndarray
+    start: np.ndarray
     pairs: Pairs | None = None
 
     @classmethod
     def of(cls, runs: Sequence[Predictions], pairs: Pairs | None = None) -> PredictionTable:
         runs = tuple(runs)
+        if len({id(p) for p in runs}) != len(runs):
+            raise SiftError("PredictionTable: a run is given twice")
 
         def col(f: Any, dtype: Any = None) -> np.ndarray:
-            parts = [np.asarray(f(p)) for p in runs]
+            parts = [np.asarray(f(i, p)) for i, p in enumerate(runs)]
             return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
 
-        return cls(runs, col(lambda p: np.full(len(p), runs.index(p)), np.int64),
-                   col(lambda p: np.full(len(p), run_key(p), dtype=object), object),
-                   col(lambda p: np.full(len(p), -1 if p.seed is None else p.seed), np.int64),
-                   col(lambda p: np.full(len(p), p.split, dtype=object), object),
-                   col(lambda p: p.trace_id, object), col(lambda p: p.base_item, object),
-                   col(lambda p: p.condition, object), col(lambda p: p.label, np.int64),
-                   col(lambda p: p.prob, float), col(lambda p: p.verdict, np.int64),
-                   col(lambda p: p.confidence, float), pairs)
+        start = np.concatenate([[0], np.cumsum([len(p) for p in runs])]).astype(np.int64)
+        return cls(runs, col(lambda i, p: np.full(len(p), i), np.int64),
+                   col(lambda i, p: np.full(len(p), run_key(p), dtype=object), object),
+                   col(lambda i, p: np.full(len(p), -1 if p.seed is None else p.seed), np.int64),
+                   col(lambda i, p: np.full(len(p), p.split, dtype=object), object),
+                   col(lambda i, p: p.trace_id, object), col(lambda i, p: p.base_item, object),
+                   col(lambda i, p: p.domain, object), col(lambda i, p: p.model, object),
+                   col(lambda i, p: p.condition, object), col(lambda i, p: p.label, np.int64),
+                   col(lambda i, p: p.prob, float), col(lambda i, p: p.verdict, np.int64),
+                   col(lambda i, p: p.confidence, float), start, pairs)
 
     def __len__(self) -> int:
         return int(self.run.size)
+
+    @cached_property
+    def _position(self) -> dict[int, int]:
+        return {id(p): i for i, p in enumerate(self.runs)}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_position", None)  # object ids: rebuilt after unpickling
+        return state
+
+    def index_of(self, run: int | Predictions) -> int:
+        """Position of a run (given as a position or as one of :attr:`runs`)."""
+        if isinstance(run, Predictions):
+            pos = self._position.get(id(run))
+            if pos is None:
+                raise SiftError(f"run {run.detector} (seed {run.seed}, {run.split}) is not in the prediction table")
+            return pos
+        return int(run)
+
+    def run_rows(self, run: int | Predictions) -> np.ndarray:
+        """Row indices of one run's traces (its order)."""
+        i = self.index_of(run)
+        return np.arange(self.start[i], self.start[i + 1])
 
     def rows(self, *, split: str | None = None, detector: str | None = None) -> np.ndarray:
         """Row indices of the traces of one split and/or detector (run key)."""
@@ -168,34 +201,112 @@ class PredictionTable:
             keep &= self.detector == detector
         return np.flatnonzero(keep)
 
-    def pairs_of(self, run: int) -> dict[str, np.ndarray]:
-        """The verified pairs with both traces in run ``run``: source/shifted rows of this table, axis, kind,
-        verified labels and base item."""
-        if self.pairs is None or len(self.pairs) == 0:
+    def pairs_of(self, run: int | Predictions, pairs: Pairs | None = None) -> dict[str, np.ndarray]:
+        """The verified pairs (the table's, or ``pairs``) with both traces in one run, in pair order:
+        source/shifted rows of this table, axis, kind, verified labels and base item."""
+        pairs = self.pairs if pairs is None else pairs
+        if pairs is None or len(pairs) == 0:
             empty = np.zeros(0, dtype=np.int64)
             return {"src": empty, "dst": empty, "axis": empty.astype(object), "kind": empty.astype(object),
                     "phi_src": empty, "phi_dst": empty, "item": empty.astype(object)}
-        offset = int(np.flatnonzero(self.run == run)[0]) if np.any(self.run == run) else 0
-        src, dst, keep = self.pairs.rows(self.runs[run])
-        return {"src": src[keep] + offset, "dst": dst[keep] + offset, "axis": self.pairs.axis[keep],
-                "kind": self.pairs.kind[keep], "phi_src": self.pairs.phi_source[keep].astype(int),
-                "phi_dst": self.pairs.phi_shifted[keep].astype(int), "item": self.pairs.base_item[keep]}
+        i = self.index_of(run)
+        src, dst, keep = pairs.rows(self.runs[i])
+        offset = int(self.start[i])
+        return {"src": src[keep] + offset, "dst": dst[keep] + offset, "axis": pairs.axis[keep],
+                "kind": pairs.kind[keep], "phi_src": pairs.phi_source[keep].astype(int),
+                "phi_dst": pairs.phi_shifted[keep].astype(int), "item": pairs.base_item[keep]}
+
+    def run_data(self, run: int | Predictions, axes: Sequence[str] = (), *, paired: bool = True,
+                 pairs: Pairs | None = None, keep: np.ndarray | None = None) -> RunData:
+        """One run's rows as a :class:`RunData` (run-local arrays). ``paired``: with the run's pairs (the table's,
+        or ``pairs``); ``keep``: only these of its traces (a boolean mask over the run's rows; no pairs then)."""
+        i = self.index_of(run)
+        rows = self.run_rows(i)
+        if keep is not None:
+            if paired:
+                raise SiftError("PredictionTable.run_data: a trace subset cannot keep its pairs")
+            rows = rows[np.asarray(keep, bool)]
+        rd = RunData(self.runs[i], list(axes), self.trace_id[rows], self.item[rows], self.label[rows],
+                     self.prob[rows], self.verdict[rows], self.confidence[rows])
+        if paired:
+            pr = self.pairs_of(i, pairs)
+            offset = int(self.start[i])
+            rd.set_pairs(pr["src"] - offset, pr["dst"] - offset, pr["axis"], pr["kind"], pr["phi_src"],
+                         pr["phi_dst"], pr["item"])
+        return rd
+
+    def stack(self, name: str, runs: Predictions | Sequence[Predictions]) -> SeedStack:
+        """The seed runs of one detector aligned on the traces all of them cover (the first run's order)."""
+        runs = [runs] if isinstance(runs, Predictions) else list(runs)
+        if not runs:
+            raise SiftError(f"{name}: no predictions")
+        ref = self.run_rows(runs[0])
+        common = set(self.trace_id[ref].tolist())
+        for r in runs[1:]:
+            common &= set(self.trace_id[self.run_rows(r)].tolist())
+        ref = ref[np.array([t in common for t in self.trace_id[ref].tolist()], bool)]
+        if not ref.size:
+            raise SiftError(f"{name}: the seeds share no trace")
+        tid = self.trace_id[ref]
+        rows = []
+        for r in runs:
+            own = self.run_rows(r)
+            where = {t: k for k, t in enumerate(self.trace_id[own].tolist())}
+            rr = own[np.array([where[t] for t in tid.tolist()], int)]
+            if not np.array_equal(self.label[rr], self.label[ref]):
+                raise SiftError(f"{name}: seeds {runs[0].seed} and {r.seed} disagree on verified labels")
+            rows.append(rr)
+        rows_ = np.array(rows)
+        return SeedStack(name, tid, self.item[ref], self.domain[ref], self.model[ref], self.condition[ref],
+                         self.label[ref], self.prob[rows_], np.array([r.threshold for r in runs], float),
+                         [r.seed for r in runs], rows_)
+
+    def pair_rows(self, stack: SeedStack, kind: str) -> PairRows:
+        """The verified pairs of one kind with both traces in ``stack``, as row indices into the stack."""
+        pr = self.pairs_of(int(self.run[stack.rows[0, 0]]))
+        at = np.full(len(self), -1, dtype=np.int64)
+        at[stack.rows[0]] = np.arange(stack.rows.shape[1])
+        keep = (pr["kind"] == kind) & (at[pr["src"]] >= 0) & (at[pr["dst"]] >= 0)
+        src, dst = pr["src"][keep], pr["dst"][keep]
+        return PairRows(at[src], at[dst], pr["axis"][keep].astype(str), pr["item"][keep].astype(str),
+                        pr["phi_src"][keep], pr["phi_dst"][keep], self.trace_id[src].astype(str),
+                        self.trace_id[dst].astype(str))
+
+
+def runs_table(runs: Mapping[str, Predictions | Sequence[Predictions]], pairs: Pairs | None = None,
+               extra: Iterable[Predictions] = ()) -> PredictionTable:
+    """The prediction table of a ``name → run(s)`` mapping (plus ``extra`` runs), each run once: how a section
+    or appendix analysis given runs aligns them."""
+    seen: dict[int, Predictions] = {}
+    for v in (*runs.values(), list(extra)):
+        for p in ([v] if isinstance(v, Predictions) else v):
+            seen.setdefault(id(p), p)
+    return PredictionTable.of(list(seen.values()), pairs)
 
 
 # ------------------------------------------------------------------------------------------ the context
 @dataclass(eq=False)
 class ReportContext:
     """Everything a report section reads: the options, the verified pairs, the output folder, the aligned
-    prediction table and the runs grouped by role (see :func:`sift.evaluation.run.report_from_predictions`)."""
+    prediction table and the runs grouped by role (see :func:`sift.evaluation.run.report_from_predictions`).
+    ``aligned``: the table of ``predictions`` and ``pairs`` when the caller has built it already (the main job
+    shares it with the appendix analyses)."""
 
     predictions: list[Predictions]
     pairs: Pairs
     out_dir: Path
     options: ReportOptions = field(default_factory=ReportOptions)
+    aligned: PredictionTable | None = None
 
     @cached_property
     def table(self) -> PredictionTable:
         """The aligned per-trace table of every run."""
+        if self.aligned is not None:
+            same = len(self.aligned.runs) == len(self.predictions) and all(
+                a is b for a, b in zip(self.aligned.runs, self.predictions))
+            if not same or self.aligned.pairs is not self.pairs:
+                raise SiftError("ReportContext: the given prediction table is not that of these predictions and pairs")
+            return self.aligned
         return PredictionTable.of(self.predictions, self.pairs)
 
     @cached_property

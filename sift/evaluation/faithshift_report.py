@@ -260,7 +260,7 @@ def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = No
 def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict[str, dict[str, Path]]) -> dict:
     """Assemble every section and write ``<out>/report/{report.md,results.json}``; returns their paths."""
     from sift.evaluation.appendix import TraceTable
-    from sift.evaluation.engine import ReportOptions
+    from sift.evaluation.engine import PredictionTable, ReportOptions
     from sift.evaluation.run import companion, report_from_predictions
     from sift.provenance import config_hash
 
@@ -275,7 +275,9 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
         if p.split == "test" and not ({"transfer_setting", "ablation", "matrix", "in_dist_of"} & set(p.meta)):
             main.setdefault(p.detector, []).append(p)
     common = {"n_resamples": int(cfg.bootstrap.resamples), "seed": int(cfg.bootstrap.seed)}
-    inputs = {"runs": main, "pairs": pairs, "traces": TraceTable.from_corpus(corpus), "out_dir": report_dir}
+    table = PredictionTable.of(preds, pairs)  # the one aligned table: the appendix analyses and the tables read it
+    inputs = {"runs": main, "pairs": pairs, "traces": TraceTable.from_corpus(corpus), "out_dir": report_dir,
+              "table": table}
     key = report_key(cfg, out, specs, files)
     stamp = report_dir / "report_key.txt"
     results = report_dir / "results.json"
@@ -291,9 +293,10 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
 
     options = ReportOptions.of(sgr={"alpha": cfg.sgr.alpha, "delta": cfg.sgr.delta, "bound": cfg.sgr.bound},
                                reference=reference_detector(detector_entries(cfg.detectors)),
-                               title="sift-faithshift report", slice_ids=slice_ids_from_corpus(corpus), **common)
+                               title="sift-faithshift report", slice_ids=slice_ids_from_corpus(corpus),
+                               section_modules=list(cfg.report.section_modules), **common)
     report_from_predictions(preds, pairs, report_dir, options, extra_sections=[corpus_section(corpus), *extra],
-                            meta=meta)
+                            meta=meta, table=table)
     results = report_dir / "results.json"
     if cfg.wandb:
         log_wandb(cfg, report_dir, results)

@@ -32,7 +32,7 @@ import numpy as np
 
 from sift.errors import SiftError
 from sift.evaluation.analysis import CALIB_SPLIT
-from sift.evaluation.engine import DEFAULT_COVERAGES, ReportContext, ReportOptions
+from sift.evaluation.engine import DEFAULT_COVERAGES, PredictionTable, ReportContext, ReportOptions
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.report import Section, write_report
 
@@ -150,7 +150,8 @@ def resolve_detectors(entries: Iterable[Any]) -> list[DetectorSpec]:
 # ------------------------------------------------------------------------------------------- report
 def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, out_dir: str | Path,
                             options: ReportOptions | None = None, *, extra_sections: Sequence[Section] = (),
-                            meta: Mapping[str, Any] | None = None, write: bool = True) -> list[Section]:
+                            meta: Mapping[str, Any] | None = None, write: bool = True,
+                            table: PredictionTable | None = None) -> list[Section]:
     """Build every registered section (:mod:`sift.evaluation.sections.registry`) from in-memory predictions,
     append ``extra_sections`` and write ``report.md``/``results.json`` to ``out_dir``.
 
@@ -163,12 +164,13 @@ def report_from_predictions(predictions: Sequence[Predictions], pairs: Pairs, ou
     ``meta['train_on']``/``meta['test_on']`` go to transfer matrices (one per detector and ``meta['matrix']``
     setting); those with ``meta['in_dist_of']`` (a transfer run's own in-distribution test split) also give the
     like-for-like transfer gap of that setting. With ``options.slice_ids`` (trace ids of the matched-text slice)
-    the detectors and controls get a matched-slice table.
+    the detectors and controls get a matched-slice table. ``table``: the aligned table of ``predictions`` and
+    ``pairs`` if the caller has it (built here otherwise).
     """
     from sift.evaluation.sections.registry import build_sections
 
     o = options if options is not None else ReportOptions()
-    ctx = ReportContext(list(predictions), pairs, Path(out_dir), o)
+    ctx = ReportContext(list(predictions), pairs, Path(out_dir), o, table)
     sections = build_sections(ctx) + list(extra_sections)
     if not sections:
         raise SiftError(f"nothing to report: no predictions on split {o.split!r} and no transfer matrices")

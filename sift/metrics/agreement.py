@@ -10,7 +10,7 @@ from sklearn.metrics import cohen_kappa_score
 from statsmodels.stats import inter_rater
 
 from sift.errors import SiftError
-from sift.metrics._checks import as_1d, same_length, undefined
+from sift.metrics.checks import as_1d, same_length, undefined
 
 
 def cohen_kappa(a: ArrayLike, b: ArrayLike) -> float:

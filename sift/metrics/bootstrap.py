@@ -20,7 +20,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
-from sift.metrics._checks import UndefinedMetricWarning, undefined
+from sift.metrics.checks import UndefinedMetricWarning, undefined
 
 
 @dataclass(frozen=True)

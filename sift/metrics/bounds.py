@@ -11,7 +11,7 @@ from numpy.typing import ArrayLike
 from scipy.special import erf
 
 from sift.errors import SiftError
-from sift.metrics._checks import as_finite, same_length, undefined
+from sift.metrics.checks import as_finite, same_length, undefined
 
 
 def gaussian_ivr_bound(b: float, sigma: float) -> float:

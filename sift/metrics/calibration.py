@@ -8,7 +8,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
-from sift.metrics._checks import as_binary, as_finite, same_length, undefined
+from sift.metrics.checks import as_binary, as_finite, same_length, undefined
 
 
 def uniform_bin_index(confidence: ArrayLike, n_bins: int) -> np.ndarray:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from sift.metrics._checks import as_binary, as_finite, same_length, undefined
+from sift.metrics.checks import as_binary, as_finite, same_length, undefined
 
 
 @dataclass(frozen=True)

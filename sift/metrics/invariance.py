@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
-from sift.metrics._checks import as_binary, as_mask, check_unit, same_length, undefined
+from sift.metrics.checks import as_binary, as_mask, check_unit, same_length, undefined
 
 # ------------------------------------------------------------------------------------------------ kernels
 # The one place the IVR, AS and MFS formulas are written. ``*_update`` turns per-pair arrays into counts

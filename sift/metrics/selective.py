@@ -11,7 +11,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
-from sift.metrics._checks import as_binary, as_finite, check_unit, same_length, undefined
+from sift.metrics.checks import as_binary, as_finite, check_unit, same_length, undefined
 from sift.metrics.binomial import clopper_pearson_upper, wald_upper
 
 #: Default candidate thresholds, fixed before seeing data: a grid over the range of ρ = max(s, 1−s).

@@ -11,7 +11,7 @@ from statsmodels.stats.contingency_tables import mcnemar as _sm_mcnemar
 from statsmodels.stats.multitest import multipletests
 
 from sift.errors import SiftError
-from sift.metrics._checks import as_1d, as_binary, check_unit, same_length, undefined
+from sift.metrics.checks import as_1d, as_binary, check_unit, same_length, undefined
 
 
 @dataclass(frozen=True)

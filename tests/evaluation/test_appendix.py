@@ -26,7 +26,8 @@ from sift.evaluation.appendix import (
     stability_sensitivity,
     theorem_bound_audit,
 )
-from sift.evaluation.appendix_common import JointRows, operating_metrics, pair_rows, stack_runs
+from sift.evaluation.appendix_common import JointRows, operating_metrics
+from sift.evaluation.engine import PredictionTable
 from sift.evaluation.appendix_corpus import _scrambled
 from sift.evaluation.appendix_theory import _local_sensitivity, bound_quantities
 from sift.evaluation.predictions import Pairs, Predictions
@@ -73,8 +74,9 @@ def test_operating_metrics_full_and_matched_coverage():
     pairs = Pairs(np.array(["paraphrase", "paraphrase", "cue_injection"]),
                   np.array(["preserving", "preserving", "altering"]), np.array(["a", "c", "b"]),
                   np.array(["b", "d", "d"]), np.array([1, 1, 1]), np.array([1, 1, 0]), np.array(["x", "y", "x"]))
-    st = stack_runs("d", [p])
-    pres, alt = pair_rows(st, pairs, "preserving"), pair_rows(st, pairs, "altering")
+    table = PredictionTable.of([p], pairs)
+    st = table.stack("d", [p])
+    pres, alt = table.pair_rows(st, "preserving"), table.pair_rows(st, "altering")
     it, ip, ia = JointRows.of(st, pres, alt).split(np.arange(4 + 2 + 1))
     v, r = st.verdict[0], st.rho[0]  # verdicts 1 1 1 0, ρ .95 .9 .6 .7
     ivr, as_, kappa, m = operating_metrics(v, r, pres, alt, it, ip, ia)

@@ -23,6 +23,7 @@ import ev_toy as toy  # noqa: E402
 
 from sift.companion import _stats, system1  # noqa: E402
 from sift.evaluation import analysis, appendix_common, appendix_detectors, metrics  # noqa: E402, F401
+from sift.evaluation.engine import PredictionTable  # noqa: E402
 from sift.evaluation.sections.main_table import main_table  # noqa: E402
 from sift.evaluation.sections.selective_risk import selective_risk_section  # noqa: E402
 from sift.evaluation.sections.transfer_matrix import transfer_matrix  # noqa: E402
@@ -99,9 +100,10 @@ def test_ivr_as_mfs_kernels_feed_every_caller(monkeypatch):
     ivr_metric.update(torch.tensor([0, 1]), torch.tensor([1, 1]), ["paraphrase", "paraphrase"])
     assert float(ivr_metric.compute()["mean"]) == 0.125
     # appendix operating point
-    stack = appendix_common.stack_runs("toy", [toy.predictions(0)])
-    pres = appendix_common.pair_rows(stack, toy.pairs(), "preserving")
-    alt = appendix_common.pair_rows(stack, toy.pairs(), "altering")
+    run = toy.predictions(0)
+    table = PredictionTable.of([run], toy.pairs())
+    stack = table.stack("toy", [run])
+    pres, alt = table.pair_rows(stack, "preserving"), table.pair_rows(stack, "altering")
     it, ip, ia = np.arange(len(stack.trace_id)), np.arange(len(pres)), np.arange(len(alt))
     assert appendix_common.operating_metrics(stack.verdict[0], stack.rho[0], pres, alt, it, ip, ia) == \
         (0.125, 0.75, 1.0, 0.375)

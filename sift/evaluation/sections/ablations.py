@@ -19,13 +19,12 @@ from sift.evaluation.analysis import (
     seed_mean,
     split_strata,
 )
-from sift.evaluation.engine import ReportContext
+from sift.evaluation.engine import PredictionTable, ReportContext, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
     DEFAULT_SGR,
     UNDERTRAINED_MARK,
     as_list,
-    ci_cell,
     ci_dict,
     prepare_runs,
     undertrained,
@@ -36,13 +35,15 @@ from sift.metrics import (
     UndefinedMetricWarning,
 )
 from sift.report import Section, markdown_table
+from sift.report.numbers import fmt_cell
 
 
 def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs, *,
                    transfer: Mapping[str, Sequence[Predictions]] | None = None,
                    calib: dict[str, list[Predictions]] | None = None, reference: str | None = None,
                    selective: SelectiveConfig = DEFAULT_SGR, n_resamples: int = 1000, seed: int = 0,
-                   key: str = "ablations", title: str = "Ablations (Table 4)") -> Section:
+                   key: str = "ablations", title: str = "Ablations (Table 4)",
+                   table: PredictionTable | None = None) -> Section:
     """Paper Table 4 (a): per variant (ablation name → its seed runs on the test split): in-distribution
     AUROC, IVR, AS, MFS (full coverage), SGR coverage and certified MFS, and — with ``transfer`` (variant →
     runs on the shifted split) — transfer AUROC and gap; relative change of IVR and MFS against ``reference``
@@ -62,8 +63,10 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
     splits = [[p for l in rows.values() for p in l], [p for l in trows.values() for p in l]]
     items = common_items(*splits)
     strata = split_strata(items, splits)
-    data = prepare_runs(rows, pairs, axes, items, selective, calib)
-    tdata = prepare_runs(trows, None, axes, items, None, None)
+    if table is None:
+        table = runs_table(rows, pairs, [p for v in (*trows.values(), *(calib or {}).values()) for p in v])
+    data = prepare_runs(table, rows, axes, items, selective, calib)
+    tdata = prepare_runs(table, trows, axes, items, None, None, paired=False)
     keys = ["in_dist_auroc", "ivr", "as", "mfs", "coverage", "cert_mfs", "transfer_auroc", "gap"]
     results: dict[str, Any] = {"reference": reference, "variants": {}, "n_resamples": n_resamples}
     with warnings.catch_warnings():
@@ -82,7 +85,7 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
             est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed, strata=strata)
             results["variants"][v] = {k: ci_dict(a, b, c) for k, a, b, c in zip(keys, est, low, high)}
             results["variants"][v]["n_seeds"] = len(rds)
-            results["variants"][v]["undertrained"] = undertrained([rd.pred for rd in rds])
+            results["variants"][v]["undertrained"] = undertrained([rd.run for rd in rds])
     ref = results["variants"][reference]
     md_rows = []
     for v, res in results["variants"].items():
@@ -90,7 +93,7 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
             a, b = res[k]["estimate"], ref[k]["estimate"]
             res[rk] = num((a - b) / b) if a is not None and b not in (None, 0) else None
         def g(k: str, res: dict[str, Any] = res) -> str:
-            return ci_cell(res[k])
+            return fmt_cell(res[k])
 
         def pct(x: float | None) -> str:
             return "—" if x is None else f"{100 * x:+.0f}%"
@@ -119,5 +122,5 @@ class Ablations(ReportSection):
         o = ctx.options
         return [ablation_table(v["test"], ctx.pairs, transfer=v["transfer"] or None, calib=v["calib"],
                                selective=o.selective, key=f"ablations_{det}", title=f"Ablations of {det} (Table 4)",
-                               n_resamples=o.n_resamples, seed=o.seed)
+                               n_resamples=o.n_resamples, seed=o.seed, table=ctx.table)
                 for det, v in ctx.ablations.items()]

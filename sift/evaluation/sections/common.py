@@ -3,6 +3,9 @@
 Conventions of every table (DESIGN §7): verdict = prob ≥ frozen threshold; gate ρ = max(s, 1−s); a row with
 several seeds shows the mean over seeds; 95 % CIs are percentile cluster-bootstrap intervals over base items,
 every run of a table resampled with the same draws (:func:`sift.evaluation.analysis.bootstrap_vector`).
+Every table function reads its runs as views of one aligned
+:class:`~sift.evaluation.engine.PredictionTable`: its ``table`` argument (the report passes
+``ReportContext.table``), or, when None, the table of the runs it is given.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ from sift.evaluation.analysis import (
     Items,
     RunData,
     SelectiveConfig,
-    fmt_ci,
     match_calibration,
     num,
 )
-from sift.evaluation.predictions import Pairs, Predictions
+from sift.evaluation.engine import PredictionTable
+from sift.evaluation.predictions import Predictions
 
 
 def as_list(x: Predictions | Sequence[Predictions]) -> list[Predictions]:
@@ -30,15 +33,19 @@ def ci_dict(est: float, low: float, high: float) -> dict[str, float | None]:
     return {"estimate": num(est), "low": num(low), "high": num(high)}
 
 
-def prepare_runs(rows: dict[str, list[Predictions]], pairs: Pairs | None, axes: list[str], items: Items,
-             sel: SelectiveConfig | None, calib: dict[str, list[Predictions]] | None) -> dict[str, list[RunData]]:
+def prepare_runs(table: PredictionTable, rows: dict[str, list[Predictions]], axes: list[str], items: Items,
+                 sel: SelectiveConfig | None, calib: dict[str, list[Predictions]] | None,
+                 paired: bool = True) -> dict[str, list[RunData]]:
+    """The table's views of each row's runs (with their pairs if ``paired``), SGR-certified with ``sel`` on the
+    matching calibration run (in-sample without one) and indexed by ``items``."""
     out = {}
     for name, lst in rows.items():
         rds = []
         for p in lst:
-            rd = RunData(p, axes).attach_pairs(pairs)
+            rd = table.run_data(p, axes, paired=paired)
             if sel is not None:
-                rd.certify(sel, match_calibration(p, calib, name))
+                cal = match_calibration(p, calib, name)
+                rd.certify(sel, None if cal is None else table.run_data(cal, paired=False))
             rds.append(rd.index(items))
         out[name] = rds
     return out
@@ -46,11 +53,6 @@ def prepare_runs(rows: dict[str, list[Predictions]], pairs: Pairs | None, axes: 
 
 #: SGR parameters of a table when none are given (α = 0.25, δ = 0.05, Clopper–Pearson)
 DEFAULT_SGR = SelectiveConfig()
-
-
-def ci_cell(cell: dict[str, Any]) -> str:
-    """'0.123 [0.100, 0.150]' from a results cell {estimate, low, high} (None → NaN)."""
-    return fmt_ci(*(cell[k] if cell[k] is not None else NAN for k in ("estimate", "low", "high")))
 
 
 def nz(x: Any) -> float:

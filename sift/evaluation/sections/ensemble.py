@@ -14,21 +14,19 @@ from sift.evaluation.analysis import (
     bootstrap_vector,
     check_same_split,
     common_items,
-    fmt,
     match_calibration,
     num,
     preserving_axes,
     seed_mean,
 )
 from sift.evaluation.controls import with_group_rows
-from sift.evaluation.engine import ReportContext
+from sift.evaluation.engine import ReportContext, runs_table
 from sift.evaluation.predictions import Pairs, Predictions, average
 from sift.evaluation.sections.common import (
     DETERMINISTIC_MARK,
     DETERMINISTIC_NOTE,
     UNDERTRAINED_MARK,
     as_list,
-    ci_cell,
     ci_dict,
     deterministic_seeds,
     nz,
@@ -42,6 +40,7 @@ from sift.metrics import (
     mcnemar,
 )
 from sift.report import Section, markdown_table
+from sift.report.numbers import fmt, fmt_cell
 
 
 def _ensemble_for(name: str, seeds: list[Predictions], val: dict[str, list[Predictions]] | None) -> Predictions:
@@ -109,13 +108,14 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     names = [n for n in singles if n in ens] + [n for n in ens if n not in singles]
     axes = preserving_axes(pairs)
     items = common_items([p for lst in singles.values() for p in lst] + list(ens.values()))
+    table = runs_table(singles, pairs, ens.values())
     results: dict[str, Any] = {"built_here": built, "detectors": {}, "n_resamples": n_resamples}
     rows, pvals, tests = [], [], []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         for name in names:
-            sgl = [RunData(p, axes).attach_pairs(pairs).index(items) for p in singles.get(name, [])]
-            e = RunData(ens[name], axes).attach_pairs(pairs).index(items)
+            sgl = [table.run_data(p, axes).index(items) for p in singles.get(name, [])]
+            e = table.run_data(ens[name], axes).index(items)
 
             def vec(drawn, sgl=sgl, e=e):
                 ss = [r.stats(drawn) for r in sgl]
@@ -141,7 +141,7 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                 pvals.append(test["p_value"])
                 tests.append(name)
             def g(k: str, res: dict[str, Any] = res) -> str:
-                return ci_cell(res[k])
+                return fmt_cell(res[k])
 
             mark = f" {DETERMINISTIC_MARK}" if res["deterministic"] else ""
             mark += f" {UNDERTRAINED_MARK} {res['undertrained']}" if res["undertrained"] else ""
@@ -180,10 +180,10 @@ def _invariance_mcnemar(a: RunData, b: RunData) -> dict[str, Any] | None:
     """McNemar on 1[verdict kept] over the preserving pairs both runs have (matched by trace ids)."""
     pa = a.p_axis >= 0
     ka = {(s, d): int(a.verdict[i] == a.verdict[j]) for s, d, i, j in
-          zip(a.pred.trace_id[a.p_src[pa]].tolist(), a.pred.trace_id[a.p_dst[pa]].tolist(), a.p_src[pa], a.p_dst[pa])}
+          zip(a.trace_id[a.p_src[pa]].tolist(), a.trace_id[a.p_dst[pa]].tolist(), a.p_src[pa], a.p_dst[pa])}
     pb = b.p_axis >= 0
     kb = {(s, d): int(b.verdict[i] == b.verdict[j]) for s, d, i, j in
-          zip(b.pred.trace_id[b.p_src[pb]].tolist(), b.pred.trace_id[b.p_dst[pb]].tolist(), b.p_src[pb], b.p_dst[pb])}
+          zip(b.trace_id[b.p_src[pb]].tolist(), b.trace_id[b.p_dst[pb]].tolist(), b.p_src[pb], b.p_dst[pb])}
     common = [k for k in ka if k in kb]
     if not common:
         return None

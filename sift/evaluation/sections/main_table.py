@@ -20,8 +20,6 @@ from sift.evaluation.analysis import (
     calibration_source,
     check_same_split,
     common_items,
-    fmt,
-    fmt_ci,
     group_runs,
     num,
     preserving_axes,
@@ -29,7 +27,7 @@ from sift.evaluation.analysis import (
     split_strata,
 )
 from sift.evaluation.controls import NOT_ABOVE, control_margins, is_control, margin_cell, order_rows, with_group_rows
-from sift.evaluation.engine import ReportContext
+from sift.evaluation.engine import PredictionTable, ReportContext, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
     DEFAULT_SGR,
@@ -37,7 +35,6 @@ from sift.evaluation.sections.common import (
     DETERMINISTIC_NOTE,
     UNDERTRAINED_MARK,
     as_list,
-    ci_cell,
     ci_dict,
     deterministic_seeds,
     nz,
@@ -51,6 +48,7 @@ from sift.metrics import (
     seed_repeat_decomposition,
 )
 from sift.report import Section, markdown_table
+from sift.report.numbers import fmt, fmt_cell, fmt_ci
 
 
 def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
@@ -58,7 +56,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                transfer_in_dist: Mapping[str, Mapping[str, Sequence[Predictions]]] | None = None,
                calib: dict[str, list[Predictions]] | None = None, selective: SelectiveConfig = DEFAULT_SGR,
                n_resamples: int = 1000, seed: int = 0, key: str = "main_table",
-               title: str = "Main results (Table 1)") -> Section:
+               title: str = "Main results (Table 1)", table: PredictionTable | None = None) -> Section:
     """Paper Table 1: (a) in-distribution vs transfer AUROC and gap, (b) per-axis IVR (macro mean over axes and
     pooled over pairs), (c) seed-repeat decomposition, (d) IVR, AS, MFS (full coverage) and SGR coverage with
     certified IVR/AS/MFS, (e) seed stability (mean ± std of in-distribution AUROC over seeds, sample std ddof = 1).
@@ -86,9 +84,11 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     splits = [flat(rows), *[flat(transfer[s]) for s in settings], *[flat(home[s]) for s in home]]
     items = common_items(*splits)
     strata = split_strata(items, splits)
-    data = prepare_runs(rows, pairs, axes, items, selective, calib)
-    tdata = {s: prepare_runs(d, None, axes, items, None, None) for s, d in transfer.items()}
-    hdata = {s: prepare_runs(d, None, axes, items, None, None) for s, d in home.items()}
+    if table is None:
+        table = runs_table(rows, pairs, [p for s in splits[1:] for p in s] + flat(calib or {}))
+    data = prepare_runs(table, rows, axes, items, selective, calib)
+    tdata = {s: prepare_runs(table, d, axes, items, None, None, paired=False) for s, d in transfer.items()}
+    hdata = {s: prepare_runs(table, d, axes, items, None, None, paired=False) for s, d in home.items()}
     results: dict[str, Any] = {"axes": axes, "transfer_settings": settings, "n_resamples": n_resamples,
                                "alpha": selective.alpha, "delta": selective.delta, "bound": selective.bound,
                                "calibration": calibration_source(calib), "n_items": len(items),
@@ -126,16 +126,16 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed, strata=strata)
             res = {n: ci_dict(e, lo, hi) for n, e, lo, hi in zip(names, est, low, high)}
             aucs = [rd.stats()["auroc"] for rd in rds]
-            seeds = [rd.pred.seed for rd in rds]
+            seeds = [rd.run.seed for rd in rds]
             std = float(np.std(aucs, ddof=1)) if len(aucs) > 1 else NAN
             res["seed_stability"] = {"seeds": seeds, "auroc_per_seed": [num(a) for a in aucs],
                                      "mean": num(np.nanmean(aucs)), "std": num(std)}
-            res["sgr"] = [{"seed": rd.pred.seed, "threshold": num(rd.sgr.threshold), "coverage": num(rd.sgr.coverage),
+            res["sgr"] = [{"seed": rd.run.seed, "threshold": num(rd.sgr.threshold), "coverage": num(rd.sgr.coverage),
                            "risk": num(rd.sgr.selective_risk), "bound": num(rd.sgr.bound_value),
                            "feasible": rd.sgr.feasible, "reason": rd.sgr.reason} for rd in rds if rd.sgr is not None]
             res["n_feasible"] = sum(x["feasible"] for x in res["sgr"])
-            res["deterministic"] = deterministic_seeds([rd.pred for rd in rds])
-            res["n_traces"] = [len(rd.pred) for rd in rds]
+            res["deterministic"] = deterministic_seeds([rd.run for rd in rds])
+            res["n_traces"] = [len(rd) for rd in rds]
             res["n_pairs"] = [rd.n_pairs for rd in rds]
             by_reason: dict[str, list[str]] = {}
             for n, why in _undefined_reasons(res, rds, trds, names).items():
@@ -146,9 +146,9 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             res["seed_repeat"] = dec
             results["detectors"][row] = res
             def g(n: str, res: dict[str, Any] = res) -> str:
-                return ci_cell(res[n])
+                return fmt_cell(res[n])
 
-            res["undertrained"] = undertrained([rd.pred for rd in rds])
+            res["undertrained"] = undertrained([rd.run for rd in rds])
             mark = f" {DETERMINISTIC_MARK}" if res["deterministic"] else ""
             if res["undertrained"]:
                 mark += f" {UNDERTRAINED_MARK} {res['undertrained']}"
@@ -165,7 +165,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                                     fmt(nz(dec.get("stochastic_fraction")), 2), dec.get("n_seed_pairs", 0)])
             tables["e"].append([row + mark, len(rds), f"{fmt(nz(res['seed_stability']['mean']))} ± "
                                 f"{fmt(std)}"])
-    margins = control_margins(rows, n_resamples, seed, items)  # detector − best control, paired bootstrap
+    margins = control_margins(rows, n_resamples, seed, items, table)  # detector − best control, paired bootstrap
     for i, row in enumerate(data):
         results["detectors"][row]["group"] = "controls" if is_control(row) else "detectors"
         if margins:
@@ -239,14 +239,14 @@ def _undefined_reasons(res: dict[str, Any], rds: list[RunData], trds: Mapping[st
 def seed_repeat(rds: list[RunData], n_resamples: int = 1000, seed: int = 0) -> dict[str, Any]:
     """Seed-repeat decomposition (App. E.1) over all unordered seed pairs of one detector's runs (see
     :func:`main_table`); pairs must have both traces in both runs."""
-    rds = [rd for rd in rds if rd.pred.seed is not None]
+    rds = [rd for rd in rds if rd.run.seed is not None]
     if len(rds) < 2:
         return {"reason": "needs >= 2 seed runs", "n_seed_pairs": 0}
     s1, s2, sh, grp = [], [], [], []
     for a, b in itertools.combinations(rds, 2):
-        ib = b.pred.index()
+        ib = b.row_of()
         pres = a.p_axis >= 0
-        src_ids = a.pred.trace_id[a.p_src[pres]]
+        src_ids = a.trace_id[a.p_src[pres]]
         rows_b = np.array([ib.get(t, -1) for t in src_ids.tolist()], int)
         ok = rows_b >= 0
         s1.append(a.verdict[a.p_src[pres]][ok])
@@ -276,4 +276,5 @@ class MainTable(ReportSection):
     def build(self, ctx: ReportContext) -> list[Section]:
         o = ctx.options
         return [main_table(ctx.primary, ctx.pairs, transfer=ctx.transfer or None, transfer_in_dist=ctx.home or None,
-                           calib=ctx.calib, selective=o.selective, n_resamples=o.n_resamples, seed=o.seed)]
+                           calib=ctx.calib, selective=o.selective, n_resamples=o.n_resamples, seed=o.seed,
+                           table=ctx.table)]

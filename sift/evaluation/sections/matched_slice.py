@@ -20,4 +20,4 @@ class MatchedSlice(ReportSection):
     def build(self, ctx: ReportContext) -> list[Section]:
         o = ctx.options
         return [matched_slice_section(ctx.primary, ctx.pairs, set(o.slice_ids or ()), n_resamples=o.n_resamples,
-                                      seed=o.seed)]
+                                      seed=o.seed, table=ctx.table)]

@@ -20,8 +20,6 @@ from sift.evaluation.analysis import (
     calibration_source,
     check_same_split,
     common_items,
-    fmt,
-    fmt_ci,
     group_runs,
     match_calibration,
     num,
@@ -29,7 +27,7 @@ from sift.evaluation.analysis import (
     seed_mean,
 )
 from sift.evaluation.controls import with_group_rows
-from sift.evaluation.engine import DEFAULT_COVERAGES, ReportContext
+from sift.evaluation.engine import DEFAULT_COVERAGES, PredictionTable, ReportContext, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
     DEFAULT_SGR,
@@ -47,6 +45,7 @@ from sift.metrics import (
 from sift.metrics.invariance import mfs_compute
 from sift.metrics.selective import selection_counts, top_coverage_counts
 from sift.report import Section, markdown_table
+from sift.report.numbers import fmt, fmt_ci
 
 
 def _risk_at(rho: np.ndarray, correct: np.ndarray, coverage: float) -> tuple[float, int, int]:
@@ -61,7 +60,7 @@ def _mfs_at(rd: RunData, prow: np.ndarray, trow: np.ndarray, coverage: float) ->
     if trow.size == 0:
         return NAN
     keep = select_top(rd.rho[trow], coverage)
-    certified = np.zeros(len(rd.pred), bool)
+    certified = np.zeros(len(rd), bool)
     certified[trow[keep]] = True
     sel = certified[rd.p_src[prow]] & certified[rd.p_dst[prow]]
     _, ivr, as_ = rd.pair_rates(prow, sel)
@@ -74,6 +73,7 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
                            coverages: Sequence[float] = DEFAULT_COVERAGES, match_coverage: float = 0.70,
                            reference: str | None = None, out_dir: str | Path | None = None,
                            n_resamples: int = 1000, seed: int = 0, q: float = 0.05, key: str = "selective_risk",
+                           table: PredictionTable | None = None,
                            title: str = "Certified selective risk and risk–coverage (Table 3, Fig. 9)") -> Section:
     """Paper Table 3 (a), App. C.7.1/C.7.3 and Fig. 9, for every detector row (mean over seeds):
 
@@ -91,7 +91,9 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
     rows = group_runs(runs)
     axes = preserving_axes(pairs)
     items = common_items([p for lst in rows.values() for p in lst])
-    data = prepare_runs(rows, pairs, axes, items, selective, calib)
+    if table is None:
+        table = runs_table(rows, pairs, [p for v in (calib or {}).values() for p in v])
+    data = prepare_runs(table, rows, axes, items, selective, calib)
     names = list(data)
     if reference is None:
         reference = next((n for n in names if n.lower().startswith("sift")), names[0] if names else None)
@@ -110,12 +112,13 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
             for a in alphas:
                 per = []
                 for rd in rds:
-                    cal = match_calibration(rd.pred, calib, name) or rd.pred
-                    r = selective.run(cal.confidence, cal.correct, a)
+                    cal = match_calibration(rd.run, calib, name)
+                    cal_rd = rd if cal is None else table.run_data(cal, paired=False)
+                    r = selective.run(cal_rd.rho, cal_rd.correct, a)
                     n_sel, e_sel = selection_counts(rd.rho, 1 - rd.correct, np.array([r.threshold]))
                     cov = float(n_sel[0] / rd.rho.size) if r.feasible else 0.0
                     risk = float(e_sel[0] / n_sel[0]) if n_sel[0] else NAN
-                    per.append({"seed": rd.pred.seed, "threshold": num(r.threshold), "coverage": num(cov),
+                    per.append({"seed": rd.run.seed, "threshold": num(r.threshold), "coverage": num(cov),
                                 "risk": num(risk), "bound": num(r.bound_value), "feasible": r.feasible,
                                 "reason": r.reason})
                 res["sgr"][str(a)] = {"runs": per,
@@ -264,4 +267,4 @@ class SelectiveRisk(ReportSection):
         return [selective_risk_section(ctx.primary, ctx.pairs, calib=ctx.calib, selective=o.selective,
                                        alphas=o.alphas, coverages=o.coverages, match_coverage=o.match_coverage,
                                        reference=reference, out_dir=ctx.out_dir, n_resamples=o.n_resamples,
-                                       seed=o.seed)]
+                                       seed=o.seed, table=ctx.table)]

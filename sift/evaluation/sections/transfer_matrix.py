@@ -15,12 +15,10 @@ from sift.evaluation.analysis import (
     NAN,
     bootstrap_vector,
     common_items,
-    fmt,
-    fmt_ci,
     num,
     seed_mean,
 )
-from sift.evaluation.engine import ReportContext
+from sift.evaluation.engine import PredictionTable, ReportContext, runs_table
 from sift.evaluation.predictions import Predictions
 from sift.evaluation.sections.common import (
     as_list,
@@ -33,6 +31,7 @@ from sift.metrics import (
 )
 from sift.metrics.classification import auroc_kernel
 from sift.report import Section, markdown_table
+from sift.report.numbers import fmt, fmt_ci
 
 #: the test set of a held-out run's own training distribution (its in-distribution test split)
 IN_DIST = "in-distribution"
@@ -42,7 +41,7 @@ def transfer_matrix(preds: Mapping[tuple[str, str], Predictions | Sequence[Predi
                     families: Mapping[str, str] | None = None, order: Sequence[str] | None = None,
                     out_dir: str | Path | None = None, n_resamples: int = 1000, seed: int = 0,
                     key: str = "transfer_matrix", title: str = "Transfer matrix (Table 2)",
-                    setting: str = "train → test") -> Section:
+                    setting: str = "train → test", table: PredictionTable | None = None) -> Section:
     """Paper Table 2: AUROC of a detector trained on ``train_on`` (rows) and tested on ``test_on`` (columns),
     ``preds[(train_on, test_on)]`` = its run(s) (mean over seeds; 95 % cluster-bootstrap CI per cell, each
     cell resampling the base items of its own test split).
@@ -80,16 +79,18 @@ def transfer_matrix(preds: Mapping[tuple[str, str], Predictions | Sequence[Predi
     cells: dict[str, Any] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
+        if table is None:
+            table = runs_table({f"{tr}->{te}": v for (tr, te), v in preds.items()})
         for (tr, te), v in preds.items():
             runs = as_list(v)
             items = common_items(runs)
-            idx = [items.index(r.base_item) for r in runs]
+            views = [table.run_data(r, paired=False).index(items) for r in runs]
 
-            def vec(drawn, runs=runs, idx=idx):
+            def vec(drawn, views=views):
                 vals = []
-                for r, ix in zip(runs, idx):
-                    rows = ix.rows(drawn)
-                    vals.append(auroc_kernel(r.prob[rows], r.label[rows]) if rows.size else NAN)
+                for rd in views:
+                    rows = rd.trace_index.rows(drawn)
+                    vals.append(auroc_kernel(rd.prob[rows], rd.label[rows]) if rows.size else NAN)
                 return np.array([seed_mean(vals)])
 
             est, low, high = bootstrap_vector(vec, len(items), n_resamples, seed)
@@ -187,5 +188,5 @@ class TransferMatrices(ReportSection):
         return [transfer_matrix(cells, families=o.families, out_dir=ctx.out_dir,
                                 key=f"transfer_matrix_{det}_{setting}".replace(" ", "_"),
                                 title=f"{setting} transfer of {det} (Table 2)", n_resamples=o.n_resamples,
-                                seed=o.seed)
+                                seed=o.seed, table=ctx.table)
                 for (det, setting), cells in ctx.matrices.items()]

@@ -1,4 +1,4 @@
-"""Input validation shared by the metric functions (private)."""
+"""Input validation shared by the metric functions, and the warning an undefined metric raises."""
 
 from __future__ import annotations
 
