@@ -125,19 +125,12 @@ def test_library_code_never_imports_the_cli():
     assert bad == [], "library code imports sift.cli:\n" + "\n".join(bad)
 
 
-#: private helpers still imported across packages, each to be made public by the slice that owns it
-KNOWN_PRIVATE = {
-    "sift.evaluation.appendix_detectors -> sift.metrics._checks",  # metrics slice
-    "sift.evaluation.appendix_theory -> sift.metrics._checks",  # metrics slice
-}
 
 
 def test_no_private_imports_across_packages():
     bad = []
     for _, _, where, names, _ in edges():
-        src, target = where.split(" -> ")
-        if f"{src.split(':')[0]} -> {target}" in KNOWN_PRIVATE:
-            continue
+        target = where.split(" -> ")[1]
         private_mod = any(p.startswith("_") and not p.startswith("__") for p in target.split("."))
         private_names = [n for n in names if n.startswith("_") and not n.startswith("__")]
         if private_mod or private_names:

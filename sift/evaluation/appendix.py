@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from sift.evaluation.appendix_common import TraceTable, mechanism_class
 from sift.evaluation.appendix_corpus import cot_scramble_test, mechanism_preservation_audit

@@ -13,10 +13,11 @@ together) with the vector cluster bootstrap of :mod:`sift.metrics.appendix_helpe
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -65,7 +66,7 @@ class SeedStack:
     def index(self) -> dict[str, int]:
         return {t: i for i, t in enumerate(self.trace_id.tolist())}
 
-    def with_prob(self, prob: np.ndarray, threshold: np.ndarray, name: str | None = None) -> "SeedStack":
+    def with_prob(self, prob: np.ndarray, threshold: np.ndarray, name: str | None = None) -> SeedStack:
         return SeedStack(name or self.name, self.trace_id, self.base_item, self.domain, self.model, self.condition,
                          self.label, np.atleast_2d(prob), np.atleast_1d(threshold), self.seeds, self.rows)
 
@@ -89,7 +90,7 @@ class PairRows:
     def __len__(self) -> int:
         return len(self.src)
 
-    def subset(self, mask: np.ndarray) -> "PairRows":
+    def subset(self, mask: np.ndarray) -> PairRows:
         return PairRows(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
 
 
@@ -103,7 +104,7 @@ class JointRows:
     groups: np.ndarray
 
     @classmethod
-    def of(cls, stack: SeedStack, pres: PairRows, alt: PairRows) -> "JointRows":
+    def of(cls, stack: SeedStack, pres: PairRows, alt: PairRows) -> JointRows:
         groups = np.concatenate([stack.base_item.astype(str), pres.base_item, alt.base_item])
         return cls(len(stack.trace_id), len(pres), len(alt), groups)
 
@@ -185,7 +186,7 @@ class TraceTable:
         return np.array([idx[t] for t in trace_ids], int)
 
     @classmethod
-    def from_records(cls, records: list[dict]) -> "TraceTable":
+    def from_records(cls, records: list[dict]) -> TraceTable:
         num: dict[str, list[float]] = {k: [] for k in (
             "trace_length", "cot_length", "prompt_length", "cue_present", "mentions_cue", "answer_correct",
             "language_other", "verbose", "edit_follows", "cue_follows")}
@@ -222,7 +223,7 @@ class TraceTable:
                    {k: np.array(v) for k, v in strs.items()}, text)
 
     @classmethod
-    def from_corpus(cls, corpus_dir: str | Path) -> "TraceTable":
+    def from_corpus(cls, corpus_dir: str | Path) -> TraceTable:
         from sift.corpus.store import read_jsonl
 
         path = Path(corpus_dir) / "traces.jsonl"

@@ -14,8 +14,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 

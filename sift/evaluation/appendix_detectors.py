@@ -8,8 +8,8 @@ from __future__ import annotations
 import itertools
 import math
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.stats import kendalltau

@@ -8,8 +8,8 @@ from __future__ import annotations
 import difflib
 import math
 import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import numpy as np
 from scipy.special import erf

@@ -22,7 +22,8 @@ threshold stored in this epoch's checkpoint.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pytorch_lightning as pl
 import torch

@@ -9,7 +9,8 @@ DataModules without a corpus folder (e.g. the synthetic one); with a corpus use 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 

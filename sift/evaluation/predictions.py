@@ -8,9 +8,10 @@ by ``trace_id``. Tables are stored as ``.npz`` (atomic) so analyses rerun withou
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -96,7 +97,7 @@ class Predictions:
         """trace_id → row."""
         return {t: i for i, t in enumerate(self.trace_id.tolist())}
 
-    def subset(self, mask: np.ndarray) -> "Predictions":
+    def subset(self, mask: np.ndarray) -> Predictions:
         kw = {f.name: getattr(self, f.name) for f in fields(self)}
         kw.update({k: getattr(self, k)[mask] for k in _ARRAYS})
         return Predictions(**kw)
@@ -113,7 +114,7 @@ class Predictions:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Predictions":
+    def load(cls, path: str | Path) -> Predictions:
         import json
 
         path = Path(path)
@@ -160,7 +161,7 @@ class Pairs:
     def __len__(self) -> int:
         return len(self.axis)
 
-    def select(self, kind: str | None = None, axis: str | None = None) -> "Pairs":
+    def select(self, kind: str | None = None, axis: str | None = None) -> Pairs:
         m = np.ones(len(self), bool)
         if kind is not None:
             m &= self.kind == kind
@@ -177,7 +178,7 @@ class Pairs:
         return src, dst, keep
 
     @classmethod
-    def from_corpus(cls, corpus_dir: str | Path) -> "Pairs":
+    def from_corpus(cls, corpus_dir: str | Path) -> Pairs:
         """The verified pairs of a corpus folder's ``pairs.jsonl`` (dropped pairs are left out)."""
         from sift.corpus.store import read_jsonl
 

@@ -4,11 +4,11 @@ NumPy arrays in, floats or small frozen dataclasses out. Undefined inputs give N
 ``UndefinedMetricWarning`` (or a ``reason`` field); mismatched lengths raise ``sift.errors.SiftError``.
 """
 
-from sift.metrics.checks import UndefinedMetricWarning
 from sift.metrics.agreement import cohen_kappa, fleiss_kappa
 from sift.metrics.bootstrap import BootstrapResult, cluster_bootstrap
 from sift.metrics.bounds import IVRLowerBound, estimate_gamma, gaussian_ivr_bound, ivr_lower_bound
 from sift.metrics.calibration import ece
+from sift.metrics.checks import UndefinedMetricWarning
 from sift.metrics.classification import TransferAUROC, auroc, transfer_auroc
 from sift.metrics.invariance import (
     SeedRepeatDecomposition,

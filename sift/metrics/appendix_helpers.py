@@ -13,8 +13,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
-from sift.metrics.checks import UndefinedMetricWarning
 from sift.metrics.bootstrap import ClusterRows, bootstrap_drawn, bootstrap_p_value
+from sift.metrics.checks import UndefinedMetricWarning
 from sift.metrics.selective import DEFAULT_CANDIDATES, first_feasible, selection_counts, upper_bounds
 
 

@@ -11,8 +11,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
-from sift.metrics.checks import as_binary, as_finite, check_unit, same_length, undefined
 from sift.metrics.binomial import clopper_pearson_upper, wald_upper
+from sift.metrics.checks import as_binary, as_finite, check_unit, same_length, undefined
 
 #: Default candidate thresholds, fixed before seeing data: a grid over the range of ρ = max(s, 1−s).
 DEFAULT_CANDIDATES = np.linspace(0.5, 1.0, 51)

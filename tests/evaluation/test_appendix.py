@@ -27,9 +27,9 @@ from sift.evaluation.appendix import (
     theorem_bound_audit,
 )
 from sift.evaluation.appendix_common import JointRows, operating_metrics
-from sift.evaluation.engine import PredictionTable
 from sift.evaluation.appendix_corpus import _scrambled
 from sift.evaluation.appendix_theory import _local_sensitivity, bound_quantities
+from sift.evaluation.engine import PredictionTable
 from sift.evaluation.predictions import Pairs, Predictions
 
 R = 20  # bootstrap resamples in tests
