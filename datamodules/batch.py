@@ -1,6 +1,6 @@
 """The batch contract shared by every DataModule and every detector.
 
-One example is one trace. Per-step descriptor channels (DESIGN.md §5) form ``x`` ∈ R^{T×C} with a padding
+One example is one trace. Per-step descriptor channels (docs/design.md §5) form ``x`` ∈ R^{T×C} with a padding
 mask; pooled vectors and scalar features serve the baselines. Channel names travel with the data so that
 ablations ("no attention stability", "no early commitment") can drop channels by name.
 

@@ -2,7 +2,7 @@
 
 This module is the contract between data and detectors. A DataModule exposes
 
-* ``channel_names``: one name per column of ``TraceBatch.x`` (per-step descriptors, DESIGN §5), e.g.
+* ``channel_names``: one name per column of ``TraceBatch.x`` (per-step descriptors, docs/design.md §5), e.g.
   ``velocity/l1 … velocity/l{L-1}``, ``drift/l1 … drift/l{L}``, ``early_commitment``, ``attention_stability``;
 * ``feature_names``: one name per column of ``TraceBatch.features``; each baseline selects its columns by
   the prefixes below (paper §7.1; the same as ``sift.trajectories.features``: ``cue/``, ``cf/``, ``beh/``,

@@ -1,4 +1,4 @@
-"""The main job (``sift-faithshift``): every stage of DESIGN.md §1, each resumable, each writing to disk.
+"""The main job (``sift-faithshift``): every stage of docs/design.md §1, each resumable, each writing to disk.
 
     corpus/         sift-corpus      traces + verified pairs + manifest
     trajectories/   sift-extract     descriptor sequences, pooled states, intervention profiles

@@ -1,4 +1,4 @@
-"""Metric layer of the four companion papers (specs in shared/specs/).
+"""Metric layer of the four companion papers (docs/design.md §9).
 
 * :mod:`sift.companion.ice` — ICE win rates vs random baselines, operators, step-level CoT, LM attributions (paper 000)
 * :mod:`sift.companion.judges` — cue conditions, tie-aware outcome / rationale anchoring, attacks (paper 001)

@@ -1,4 +1,4 @@
-"""Shortcut controls: can φ* be read from the text (or the prompt alone)? (DESIGN.md §4, "Validity").
+"""Shortcut controls: can φ* be read from the text (or the prompt alone)? (docs/design.md §4, "Validity").
 
 One place defines, for any corpus (organism or real LM),
 

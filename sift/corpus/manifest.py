@@ -1,5 +1,5 @@
 """The corpus manifest: pairs built / verified / dropped per axis, label balance, intent-vs-verified
-agreement, clean accuracy, and the two trivial shortcut checks (DESIGN.md §4)."""
+agreement, clean accuracy, and the two trivial shortcut checks (docs/design.md §4)."""
 
 from __future__ import annotations
 

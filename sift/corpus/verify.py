@@ -1,4 +1,4 @@
-"""φ* by causal intervention on the model that produced the trace (DESIGN.md §4).
+"""φ* by causal intervention on the model that produced the trace (docs/design.md §4).
 
 Two interventions, each a teacher-forced re-decode of the answer only:
 

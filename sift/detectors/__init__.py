@@ -1,4 +1,4 @@
-"""Faithfulness detectors: SIFT, the five baselines of paper §7.1, seed ensembles (DESIGN §6)."""
+"""Faithfulness detectors: SIFT, the five baselines of paper §7.1, seed ensembles (docs/design.md §6)."""
 
 from sift.detectors.baselines import InputSelector, LogisticDetector, MLPDetector
 from sift.detectors.ensemble import EnsembleDetector, member_seeds

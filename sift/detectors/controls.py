@@ -1,4 +1,4 @@
-"""Shortcut controls as detectors (DESIGN.md §4 "Validity"; issue 11): trained, thresholded, checkpointed and
+"""Shortcut controls as detectors (docs/design.md §4 "Validity"; issue 11): trained, thresholded, checkpointed and
 evaluated exactly like the other detectors (``sift-train detector=text_bow|surface|prompt_probe``).
 
 =============  ==============================================  ======================================================

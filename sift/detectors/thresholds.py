@@ -1,4 +1,4 @@
-"""Decision thresholds frozen on in-distribution validation, and the confidence gate ρ (DESIGN §6–7)."""
+"""Decision thresholds frozen on in-distribution validation, and the confidence gate ρ (docs/design.md §6–§7)."""
 
 from __future__ import annotations
 
@@ -53,5 +53,5 @@ def fit_threshold(probs: ArrayLike, labels: ArrayLike, method: ThresholdMethod =
 
 
 def confidence_gate(probs: torch.Tensor) -> torch.Tensor:
-    """ρ = max(s, 1 − s) per trace (DESIGN §7; ``sift.metrics.confidence_gate`` is the numpy twin)."""
+    """ρ = max(s, 1 − s) per trace (docs/design.md §7; ``sift.metrics.confidence_gate`` is the numpy twin)."""
     return torch.maximum(probs, 1.0 - probs)

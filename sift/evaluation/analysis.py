@@ -37,7 +37,7 @@ NAN = math.nan
 
 @dataclass(frozen=True)
 class SelectiveConfig:
-    """SGR parameters (DESIGN §7): target risk α, failure probability δ, bound, candidate grid (None: default)."""
+    """SGR parameters (docs/design.md §7): target risk α, failure probability δ, bound, candidate grid (None: default)."""
 
     alpha: float = 0.25
     delta: float = 0.05
@@ -207,7 +207,7 @@ def bootstrap_vector(fn: Callable[[np.ndarray | None], np.ndarray], n_items: int
 
 def common_items(*preds_lists: Sequence[Predictions], pairs: Pairs | None = None) -> Items:
     """The base items of the given runs (the bootstrap pool). ``pairs`` adds the items of every pair, i.e. of the
-    whole corpus: the tables never pass it (DESIGN §7: resample the items of the split being evaluated)."""
+    whole corpus: the tables never pass it (docs/design.md §7: resample the items of the split being evaluated)."""
     names: set[str] = set()
     for lst in preds_lists:
         for p in lst:
@@ -262,7 +262,7 @@ def match_calibration(run: Predictions, calib: dict[str, list[Predictions]] | No
 
 
 #: the split that calibrates SGR: disjoint (by base item) from the validation part that selects the checkpoint
-#: and fits the decision threshold (DESIGN §7)
+#: and fits the decision threshold (docs/design.md §7)
 CALIB_SPLIT = "calib"
 
 

@@ -2,7 +2,7 @@
 :class:`~sift.evaluation.engine.PredictionTable`), certified IVR/AS/MFS at an operating
 point, the joint trace+pair cluster bootstrap, corpus trace tables, and formatting.
 
-Conventions (DESIGN.md §7): verdict 1 = faithful (prob ≥ frozen threshold); gate ρ = max(s, 1 − s); IVR over
+Conventions (docs/design.md §7): verdict 1 = faithful (prob ≥ frozen threshold); gate ρ = max(s, 1 − s); IVR over
 verified preserving pairs; AS = the verdict moves in the direction of the verified label change, over
 verified altering pairs; on a certified subset a pair counts only when both its traces are certified, and
 MFS = κ·HM(1 − IVR, AS) with κ the share of traces certified. With several seeds every number is the mean

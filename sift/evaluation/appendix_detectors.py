@@ -207,13 +207,15 @@ def factorial_decomposition(
         ax1.bar([letters[k] for k in keys], est, yerr=[est - lo, hi - est], capsize=3,
                 color=["#4c72b0" if k[0] else "#dd8452" for k in keys])
         ax1.set_ylabel("MFS"), ax1.set_title("cells (blue = SIFT architecture)")
-        e_est = np.array([np.nan if eff_res[e]["effect"]["estimate"] is None else eff_res[e]["effect"]["estimate"]
-                          for e in _EFFECTS])
-        e_lo = np.array([np.nan if eff_res[e]["effect"]["low"] is None else eff_res[e]["effect"]["low"] for e in _EFFECTS])
-        e_hi = np.array([np.nan if eff_res[e]["effect"]["high"] is None else eff_res[e]["effect"]["high"] for e in _EFFECTS])
+        def effect(part: str) -> np.ndarray:
+            return np.array([np.nan if eff_res[e]["effect"][part] is None else eff_res[e]["effect"][part]
+                             for e in _EFFECTS])
+
+        e_est, e_lo, e_hi = effect("estimate"), effect("low"), effect("high")
         ax2.barh(range(7), e_est, xerr=[e_est - e_lo, e_hi - e_est], capsize=3, color="#55a868")
-        ax2.set_yticks(range(7), [e.replace("architecture", "arch").replace("objective", "obj").replace("ensemble", "ens")
-                                  for e in _EFFECTS])
+        short = [e.replace("architecture", "arch").replace("objective", "obj").replace("ensemble", "ens")
+                 for e in _EFFECTS]
+        ax2.set_yticks(range(7), short)
         ax2.axvline(0, color="k", lw=0.8), ax2.set_xlabel("effect on MFS"), ax2.invert_yaxis()
         ax2.set_title("factorial effects (95 % CI)")
         figs = save_figure(fig, out_dir, "appendix_factorial")
@@ -279,7 +281,7 @@ def stability_sensitivity(
             joint = JointRows.of(st, pres, alt)
             v, r = st.verdict, st.rho
 
-            def stat(idx, v=v, r=r, st=st, pres=pres, alt=alt, joint=joint):
+            def stat(idx, v=v, r=r, st=st, pres=pres, alt=alt, joint=joint, cov=cov):
                 it, ip, ia = joint.split(idx)
                 per = np.array([operating_metrics(v[s], r[s], pres, alt, it, ip, ia, coverage=cov)
                                 for s in range(st.n_seeds)])
@@ -318,10 +320,9 @@ def stability_sensitivity(
                 if name.startswith("_") or d["stability"]["estimate"] is None or d["as"]["estimate"] is None:
                     continue
                 x, y = d["stability"], d["as"]
-                ax.errorbar(x["estimate"], y["estimate"],
-                            xerr=[[x["estimate"] - (x["low"] or x["estimate"])], [(x["high"] or x["estimate"]) - x["estimate"]]],
-                            yerr=[[y["estimate"] - (y["low"] or y["estimate"])], [(y["high"] or y["estimate"]) - y["estimate"]]],
-                            fmt="o", capsize=2)
+                xerr = [[x["estimate"] - (x["low"] or x["estimate"])], [(x["high"] or x["estimate"]) - x["estimate"]]]
+                yerr = [[y["estimate"] - (y["low"] or y["estimate"])], [(y["high"] or y["estimate"]) - y["estimate"]]]
+                ax.errorbar(x["estimate"], y["estimate"], xerr=xerr, yerr=yerr, fmt="o", capsize=2)
                 ax.annotate(name, (x["estimate"], y["estimate"]), fontsize=8, xytext=(3, 3), textcoords="offset points")
             fr = [res[key][n] for n in res[key]["_pareto_front"]]
             if len(fr) > 1:
@@ -428,7 +429,7 @@ def label_noise_sensitivity(
                                     for yd in draws], axis=0) for n, st in zip(names, stacks)}
         brng = np.random.default_rng([seed, ei, 1])
 
-        def stat(idx):
+        def stat(idx, eps=eps, brng=brng):
             yd = _flip(y, eps, brng)
             it_, ip_, ia_ = joint.split(idx)
             return np.concatenate([_noise_metrics(st, pres, alt, it_, ip_, ia_, yd, alpha, delta, reverify)
@@ -678,15 +679,16 @@ def optimal_coverage(
 
         def stat(idx):
             out = []
-            for rg, c in cost_curves(idx).items():
+            for _rg, c in cost_curves(idx).items():
                 i = int(np.argmin(c))
                 out += [grid[i], c[i], c[-1] if grid[-1] == 1 else np.nan, c[-1] - c[i] if grid[-1] == 1 else np.nan]
             return np.array(out)
 
         b = cluster_bootstrap_many(stat, st.base_item.astype(str), n_resamples, seed)
         curves[name] = {rg: c.tolist() for rg, c in cost_curves(np.arange(len(y))).items()}
-        res[name] = {rg: {"kappa_star": ci(b, 4 * i), "min_cost": ci(b, 4 * i + 1), "cost_full_coverage": ci(b, 4 * i + 2),
-                          "saving_vs_full": ci(b, 4 * i + 3)} for i, rg in enumerate(regimes)}
+        res[name] = {rg: {"kappa_star": ci(b, 4 * i), "min_cost": ci(b, 4 * i + 1),
+                          "cost_full_coverage": ci(b, 4 * i + 2), "saving_vs_full": ci(b, 4 * i + 3)}
+                     for i, rg in enumerate(regimes)}
     pi_txt = "empirical unfaithful share" if base_rate is None else f"π = {base_rate}"
     rows = []
     for name in res:

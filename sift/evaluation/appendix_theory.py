@@ -158,7 +158,7 @@ def theorem_bound_audit(
             sel = {g: (pr.axis == g) if g != "all" else np.ones(len(pr), bool) for g in groups}
             k = len(_BOUND_FIELDS)
 
-            def stat(idx, st=st, pr=pr, delta=delta, groups=groups, sel=sel):
+            def stat(idx, st=st, pr=pr, delta=delta, groups=groups, sel=sel, k=k):
                 out = []
                 for g in groups:
                     j = idx[sel[g][idx]]
@@ -183,7 +183,8 @@ def theorem_bound_audit(
                              if est["slack"] is not None else "–",
                              {True: "yes", False: "NO", None: "–"}[d["bound_holds"]]])
                 flags = d["assumptions_hold"]
-                arows.append([name, feat, g, fmt(est["local_sensitivity"]) + ("" if flags["local_sensitivity"] in (True, None) else " ✗"),
+                mark = {k: "" if flags[k] in (True, None) else " ✗" for k in flags}
+                arows.append([name, feat, g, fmt(est["local_sensitivity"]) + mark["local_sensitivity"],
                               fmt(est["symmetry"]) + ("" if flags["symmetry"] in (True, None) else " ✗"),
                               fmt(est["independence"]) + ("" if flags["independence"] in (True, None) else " ✗"),
                               fmt(est["share_unchanged"])])
@@ -205,18 +206,19 @@ def theorem_bound_audit(
     if out_dir is not None and scatter:
         plt = pyplot()
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
-        for i, (name, feat, g, emp, gauss, ivr, _) in enumerate(scatter):
+        for name, feat, g, emp, _gauss, ivr, _ in scatter:
             if emp is None or ivr is None:
                 continue
             ax1.scatter(emp, ivr, s=40 if g == "all" else 12, marker="o" if g == "all" else ".",
-                        color=f"C{list(runs).index(name) % 10}", label=name if g == "all" and feat == features[0] else None)
+                        color=f"C{list(runs).index(name) % 10}",
+                        label=name if g == "all" and feat == features[0] else None)
         hi = max([v for t in scatter for v in (t[3], t[5]) if v is not None] + [0.05])
         ax1.plot([0, hi], [0, hi], "k--", lw=0.8)
         ax1.set_xlabel("Theorem 4.6 floor ½P̂[|m| ≤ γ|Δ|]"), ax1.set_ylabel("observed IVR")
         ax1.set_title("bound vs observed (large = all axes)"), ax1.legend(fontsize=7)
         x = np.linspace(0, 3, 200)
         ax2.plot(x, 0.5 * erf(x / math.sqrt(2)), "k-", lw=1, label="½ erf(b/(√2σ)) (eq. 30)")
-        for name, feat, g, emp, gauss, ivr, bs in scatter:
+        for name, feat, g, _emp, _gauss, ivr, bs in scatter:
             if g == "all" and bs is not None and ivr is not None:
                 ax2.scatter(min(bs, 3), ivr, color=f"C{list(runs).index(name) % 10}", s=25)
                 ax2.annotate(f"{name}/{feat}", (min(bs, 3), ivr), fontsize=6, xytext=(2, 2), textcoords="offset points")
@@ -271,7 +273,8 @@ def pair_features(traces: TraceTable, src_ids: Sequence[str], dst_ids: Sequence[
         "CoT length change": np.abs(num["cot_length"][b] - num["cot_length"][a]),
         "prompt length change": np.abs(num["prompt_length"][b] - num["prompt_length"][a]),
         "lexical change (CoT)": np.array([_jaccard_change(txt["cot"][i], txt["cot"][j]) for i, j in zip(a, b)]),
-        "lexical change (prompt)": np.array([_jaccard_change(txt["prompt"][i], txt["prompt"][j]) for i, j in zip(a, b)]),
+        "lexical change (prompt)": np.array([_jaccard_change(txt["prompt"][i], txt["prompt"][j])
+                                             for i, j in zip(a, b)]),
         "CoT sequence change": np.array([1.0 - difflib.SequenceMatcher(None, txt["cot"][i], txt["cot"][j],
                                                                        autojunk=False).ratio() for i, j in zip(a, b)]),
         "computed-value change": np.array([_jaccard_change(_values(txt["cot"][i]), _values(txt["cot"][j]))
@@ -339,7 +342,7 @@ def spurious_feature_correlations(
             cmat = np.abs(np.corrcoef(x, rowvar=False)) if len(x) > 1 else np.zeros((len(fnames),) * 2)
         cmat = np.atleast_2d(np.nan_to_num(cmat, nan=1.0))
 
-        def stat(idx, x=x, flips=flips, cmat=cmat):
+        def stat(idx, x=x, flips=flips, cmat=cmat, fnames=fnames):
             xs = x[idx]
             var = xs.std(axis=0) > 0
             out = []
@@ -357,7 +360,8 @@ def spurious_feature_correlations(
         with warnings.catch_warnings():  # constant features have NaN p-values, left out of the family
             warnings.simplefilter("ignore", UndefinedMetricWarning)
             q = benjamini_hochberg(p_rho).p_adjusted
-        d_res = {"n_pairs": int(len(pr)), "flip_rate": ivr_compute(*ivr_update(vs.ravel(), vd.ravel()))[1], "features": {}}
+        d_res = {"n_pairs": int(len(pr)), "flip_rate": ivr_compute(*ivr_update(vs.ravel(), vd.ravel()))[1],
+                 "features": {}}
         for j, fn in enumerate(fnames):
             d = {"rho": ci(b, 2 * j), "partial_rho": ci(b, 2 * j + 1), "p_bootstrap": nan_none(p_rho[j]),
                  "q_bh": nan_none(q[j]), "mean_change": float(x[:, j].mean())}
@@ -369,7 +373,8 @@ def spurious_feature_correlations(
           f"pairs (paper App. C.6, Table 9). Seed means; 95 % CIs and p-values from {n_resamples} base-item "
           "resamples; q = Benjamini–Hochberg over a detector's features. Feature definitions: "
           + "; ".join(f"*{k}* = {v}" for k, v in PAIR_FEATURES.items()) + ".", "",
-          markdown_table(["detector", "feature change", "mean", "ρ with flip", "partial ρ", "p (boot)", "q (BH)"], rows)]
+          markdown_table(["detector", "feature change", "mean", "ρ with flip", "partial ρ", "p (boot)", "q (BH)"],
+                         rows)]
     figs = []
     if out_dir is not None and res:
         plt = pyplot()

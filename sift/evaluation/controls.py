@@ -1,4 +1,4 @@
-"""The shortcut controls in the report (DESIGN.md §4 "Validity"; issue 11).
+"""The shortcut controls in the report (docs/design.md §4 "Validity"; issue 11).
 
 * Rows of the controls (``text_bow``, ``surface``, ``prompt_probe``; :data:`sift.detectors.controls.CONTROL_DETECTORS`)
   come after the detectors in every table, under a group row **controls** (:func:`order_rows`,
@@ -101,14 +101,20 @@ def control_margins(rows: Mapping[str, Sequence[Predictions]], n_resamples: int 
         best = max(valid, key=lambda k: valid[k])
         ids = _common(runs, ctrl[best])
         keep = set(ids.tolist())
-        sub = lambda p: table.run_data(p, paired=False,  # noqa: E731
-                                       keep=np.array([t in keep for t in p.trace_id.tolist()], bool)).index(items)
+
+        def sub(p, keep=keep):
+            kept = np.array([t in keep for t in p.trace_id.tolist()], bool)
+            return table.run_data(p, paired=False, keep=kept).index(items)
+
         det = [sub(p) for p in runs]
         cdat = [sub(p) for p in ctrl[best]]
+
+        def margin(d, det=det, cdat=cdat):
+            return np.array([_seed_auc(det, d) - _seed_auc(cdat, d)])
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UndefinedMetricWarning)
-            est, low, high = bootstrap_vector(lambda d: np.array([_seed_auc(det, d) - _seed_auc(cdat, d)]),
-                                              len(items), n_resamples, seed)
+            est, low, high = bootstrap_vector(margin, len(items), n_resamples, seed)
         e, lo, hi = num(est[0]), num(low[0]), num(high[0])
         reason = None
         if e is None:
@@ -144,7 +150,10 @@ def matched_slice_section(runs: Mapping[str, Sequence[Predictions]], pairs: Pair
     95 % cluster-bootstrap CIs over base items; undefined cells are null with their reason."""
     rows = order_rows(group_runs({k: list(v) for k, v in runs.items()}))
     axes = preserving_axes(pairs)
-    in_slice = lambda ids: np.array([str(t) in slice_ids for t in ids], bool)
+
+    def in_slice(ids: Any) -> np.ndarray:
+        return np.array([str(t) in slice_ids for t in ids], bool)
+
     if len(pairs):
         either = in_slice(pairs.source_id) | in_slice(pairs.shifted_id)
         spairs = Pairs(*(getattr(pairs, f)[either] for f in ("axis", "kind", "source_id", "shifted_id", "phi_source",
@@ -167,7 +176,9 @@ def matched_slice_section(runs: Mapping[str, Sequence[Predictions]], pairs: Pair
         def vec(drawn, auc_rd=auc_rd, pair_rd=pair_rd):
             a = _seed_auc(auc_rd, drawn)
             st = [rd.stats(drawn) for rd in pair_rd]
-            m = lambda k: float(np.nanmean([s[k] for s in st])) if any(not math.isnan(s[k]) for s in st) else NAN
+            def m(k: str) -> float:
+                return float(np.nanmean([s[k] for s in st])) if any(not math.isnan(s[k]) for s in st) else NAN
+
             ivr, as_ = m("ivr"), m("as_")
             return np.array([a, ivr, as_, float(np.nanmean([s["mfs"] for s in st]))
                              if any(not math.isnan(s["mfs"]) for s in st) else NAN])
@@ -193,8 +204,7 @@ def matched_slice_section(runs: Mapping[str, Sequence[Predictions]], pairs: Pair
         res.update(group="controls" if is_control(row) else "detectors", n_traces=n_tr, n_preserving_pairs=n_pres,
                    n_altering_pairs=n_alt)
         results["detectors"][row] = res
-        g = lambda n: fmt_cell(res[n])  # noqa: E731
-        md_rows.append([row, n_tr[0] if n_tr else 0, g("auroc"), g("ivr"), g("as"), g("mfs")])
+        md_rows.append([row, n_tr[0] if n_tr else 0, *(fmt_cell(res[n]) for n in ("auroc", "ivr", "as", "mfs"))])
     md = [f"Traces whose prompt carries a cue that differs from the gold answer and whose answer equals the cue: "
           f"there the text looks alike for both mechanisms. {len(slice_ids)} traces of the corpus are in the slice; "
           f"AUROC on the slice's traces of the evaluated split, IVR/AS/MFS (full coverage) on verified pairs with at "

@@ -1,4 +1,4 @@
-"""torchmetrics versions of the meta-faithfulness metrics, for evaluation during training (DESIGN §7).
+"""torchmetrics versions of the meta-faithfulness metrics, for evaluation during training (docs/design.md §7).
 
 Each metric accumulates per-pair (or per-trace) verdicts over batches and reduces across DDP processes through
 its states' ``dist_reduce_fx`` (counts are summed, per-pair records concatenated), so ``compute()`` gives the
@@ -157,7 +157,7 @@ class MetaFaithfulness(Metric):
     * ``sgr_threshold`` t*, ``coverage`` κ = share of calibration traces with ρ ≥ t*, ``sgr_risk``,
       ``sgr_bound``, ``sgr_feasible``;
     * ``cert/ivr``, ``cert/as``, ``cert/mfs`` — on pairs whose two traces both have ρ ≥ t*, with κ in MFS
-      (DESIGN §7); NaN when SGR is infeasible or no certified pair is left.
+      (docs/design.md §7); NaN when SGR is infeasible or no certified pair is left.
     """
 
     full_state_update = False

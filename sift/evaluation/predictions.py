@@ -22,7 +22,7 @@ _ARRAYS = ("trace_id", "base_item", "domain", "model", "condition", "label", "pr
 
 
 def confidence(prob: np.ndarray) -> np.ndarray:
-    """The default gate ρ = max(s, 1 − s) (DESIGN.md §7)."""
+    """The default gate ρ = max(s, 1 − s) (docs/design.md §7)."""
     return np.maximum(prob, 1.0 - prob)
 
 

@@ -297,7 +297,8 @@ def evaluate(cfg: Any) -> dict[str, Any]:
                         "or predictions=[...] (.npz files or folders)")
     extra = companion(cfg, out_dir)
     options = ReportOptions.of(
-        sgr=cfg.sgr, bootstrap=cfg.bootstrap, split=split, calib_split=None if calib_split is None else str(calib_split),
+        sgr=cfg.sgr, bootstrap=cfg.bootstrap, split=split,
+        calib_split=None if calib_split is None else str(calib_split),
         select_split=None if select_split is None else str(select_split),
         alphas=cfg.get("alphas") or (0.25, 0.30), coverages=cfg.get("coverages") or DEFAULT_COVERAGES,
         match_coverage=float(cfg.get("match_coverage") or 0.70), reference=cfg.get("reference"),

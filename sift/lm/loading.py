@@ -1,6 +1,6 @@
 """Load any Hugging Face causal LM by local path, cached hub name, or local GGUF file — never downloading.
 
-sift never fetches weights at run time (DESIGN.md §2): a hub name must already be in the local Hugging Face
+sift never fetches weights at run time (docs/design.md §2): a hub name must already be in the local Hugging Face
 cache; otherwise loading fails at once with one clear line instead of hanging on a network.
 """
 

@@ -1,4 +1,4 @@
-"""Functional metrics for auditing faithfulness detectors (paper §4, §6.1.3, App. E, I, K; DESIGN §7).
+"""Functional metrics for auditing faithfulness detectors (paper §4, §6.1.3, App. E, I, K; docs/design.md §7).
 
 NumPy arrays in, floats or small frozen dataclasses out. Undefined inputs give NaN plus an
 ``UndefinedMetricWarning`` (or a ``reason`` field); mismatched lengths raise ``sift.errors.SiftError``.

@@ -1,4 +1,4 @@
-"""Inter-rater / inter-detector agreement: Cohen's and Fleiss' κ (paper App. U.2, DESIGN §7)."""
+"""Inter-rater / inter-detector agreement: Cohen's and Fleiss' κ (paper App. U.2, docs/design.md §7)."""
 
 from __future__ import annotations
 

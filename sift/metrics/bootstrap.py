@@ -161,7 +161,7 @@ def cluster_bootstrap(
     confidence: float = 0.95,
     keep_replicates: bool = False,
 ) -> BootstrapResult:
-    """Percentile bootstrap CI, resampling whole base items (DESIGN §7; paper §7.1).
+    """Percentile bootstrap CI, resampling whole base items (docs/design.md §7; paper §7.1).
 
     ``groups[i]`` is the base-item id of row i of the dataset. Each replicate draws as many groups as
     there are, with replacement, and passes ``statistic`` the concatenated row indices of every drawn

@@ -1,4 +1,4 @@
-"""Expected calibration error with stated binning (DESIGN §7)."""
+"""Expected calibration error with stated binning (docs/design.md §7)."""
 
 from __future__ import annotations
 

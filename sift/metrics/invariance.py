@@ -85,7 +85,7 @@ def invariance_violation_rate(
 
     ``verdicts_a[i]``, ``verdicts_b[i]`` are the binary verdicts on the two traces of pair i.
     ``mask`` (optional, bool per pair) keeps only pairs with both traces certified (Def. 4.4,
-    DESIGN §7). No pairs left: NaN with an ``UndefinedMetricWarning``.
+    docs/design.md §7). No pairs left: NaN with an ``UndefinedMetricWarning``.
     """
     a, b = as_binary("verdicts_a", verdicts_a), as_binary("verdicts_b", verdicts_b)
     n = same_length(verdicts_a=a, verdicts_b=b)
@@ -153,7 +153,7 @@ def alteration_sensitivity(
 
 
 def meta_faithfulness_score(ivr: float, as_: float, coverage: float = 1.0) -> float:
-    """MFS = κ·2(1−IVR)·AS / ((1−IVR) + AS), κ = certified coverage (eq. 8 / eq. 86, DESIGN §7).
+    """MFS = κ·2(1−IVR)·AS / ((1−IVR) + AS), κ = certified coverage (eq. 8 / eq. 86, docs/design.md §7).
 
     IVR and AS should be computed on the certified subset. Any NaN input gives NaN. When
     1−IVR = AS = 0 the harmonic mean is taken as its limit 0 (documented convention, not an error).
@@ -193,7 +193,7 @@ def seed_repeat_decomposition(
     n_resamples: int = 1000,
     seed: int = 0,
 ) -> SeedRepeatDecomposition:
-    """Seed-repeat floor vs shift-attributable instability (paper App. E.1, eqs. 45–48; DESIGN §7).
+    """Seed-repeat floor vs shift-attributable instability (paper App. E.1, eqs. 45–48; docs/design.md §7).
 
     S = 1[φ̂_seed1(c) ≠ φ̂_seed2(c)] (eq. 45), T = 1[φ̂_seed1(c) ≠ φ̂_seed1(T(c))] (eq. 46);
     floor = P(S), shift_attributable = P(T), overlap = P(S∧T), raw = P(S∨T) (eq. 47).

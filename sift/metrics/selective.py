@@ -19,7 +19,7 @@ DEFAULT_CANDIDATES = np.linspace(0.5, 1.0, 51)
 
 
 def confidence_gate(scores: ArrayLike) -> np.ndarray:
-    """Default gate ρ(c) = max(s, 1−s) for a detector probability s (DESIGN §7)."""
+    """Default gate ρ(c) = max(s, 1−s) for a detector probability s (docs/design.md §7)."""
     s = as_finite("scores", scores)
     return np.maximum(s, 1.0 - s)
 

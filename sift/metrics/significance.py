@@ -1,4 +1,4 @@
-"""Paired tests and multiplicity control: McNemar, Benjamini–Hochberg (paper §7.1, DESIGN §7)."""
+"""Paired tests and multiplicity control: McNemar, Benjamini–Hochberg (paper §7.1, docs/design.md §7)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Four procedural domains with step-by-step solutions and exact answers (DESIGN.md §3).
+"""Four procedural domains with step-by-step solutions and exact answers (docs/design.md §3).
 
 | domain     | stands in for   | question                                   | answer space   |
 |------------|-----------------|--------------------------------------------|----------------|

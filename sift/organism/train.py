@@ -59,7 +59,7 @@ def stage3_config(family: str, init_from: str, seed: int = 0, stage: int = 3) ->
 
 def stage2_config(family: str, init_from: str, seed: int = 0) -> TrainConfig:
     """Stage 2: a cue-heavy mixture at a lower learning rate on top of stage 1 (cue-following appears late
-    and abruptly in these models, as DESIGN.md §4 reports for the prototype)."""
+    and abruptly in these models, as docs/design.md §4 reports for the prototype)."""
     return TrainConfig(family=family, steps=900, lr=1.5e-3, warmup=50, seed=seed + 1, init_from=init_from,
                        mixture=MixtureConfig(p_cue=0.85, p_decisive=0.2, p_edit=0.2, p_swap=0.2))
 

@@ -1,1 +1,1 @@
-"""Hidden-state trajectories and their descriptors (DESIGN.md §5): extraction, cache, features."""
+"""Hidden-state trajectories and their descriptors (docs/design.md §5): extraction, cache, features."""

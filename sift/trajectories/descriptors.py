@@ -1,4 +1,4 @@
-"""Per-step trajectory descriptors (DESIGN.md §5), vectorised over a padded batch of CoTs.
+"""Per-step trajectory descriptors (docs/design.md §5), vectorised over a padded batch of CoTs.
 
 Shapes: ``H`` is ``[B, L, T, d]`` (block outputs of layers 1..L at the T CoT tokens, padded to the longest CoT
 of the batch), ``valid`` is ``[B, T]`` (True on real CoT tokens, a prefix of each row), ``A`` is ``[B, T, P]``

@@ -1,6 +1,6 @@
 """One teacher-forced forward pass per batch over exactly ``prompt_ids + generated_ids``, for any HF causal LM.
 
-What is read from the pass (DESIGN.md §5):
+What is read from the pass (docs/design.md §5):
 
 * ``H[ℓ]`` for ℓ = 1..L at the CoT tokens: block outputs, read with forward hooks on the blocks (before the
   final norm that HF applies to its last ``hidden_states`` element).

@@ -1,4 +1,4 @@
-"""Scalar features for the baselines (DESIGN.md §6), with their names and groups.
+"""Scalar features for the baselines (docs/design.md §6), with their names and groups.
 
 * ``cue/*`` (biasing-features baseline; regex on the prompt and CoT text): a cue is present; the CoT mentions a
   hint word (either lexicon); the CoT states the cue's value; the answer equals the cue's value.

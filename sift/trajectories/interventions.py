@@ -1,4 +1,4 @@
-"""Counterfactual intervention-response profiles for the counterfactual baseline (DESIGN.md §4, §6).
+"""Counterfactual intervention-response profiles for the counterfactual baseline (docs/design.md §4, §6).
 
 These interventions deliberately differ from the label-verifying ones (which edit the CoT's *last* value and
 change the cue's value; :mod:`sift.corpus.verify`):

@@ -224,7 +224,8 @@ def test_local_sensitivity_ratio():
 
 def test_theorem_bound_audit_end_to_end(tmp_path):
     # paraphrases are 4 tokens longer; the detector pushes long paraphrases below threshold on items 0 and 1
-    lens = {f"{it}|{c}": (14 if c == "paraphrase" else 10) for it in ITEMS for c in ("base", "paraphrase", "cue_injection")}
+    lens = {f"{it}|{c}": (14 if c == "paraphrase" else 10)
+            for it in ITEMS for c in ("base", "paraphrase", "cue_injection")}
     tt = TraceTable.from_records([record(t, gen_len=n) for t, n in lens.items()])
     prob = []
     for k in range(4):

@@ -31,7 +31,9 @@ def rec(**kw):
 
 
 def test_matched_slice_flag_on_hand_made_records():
-    cue = lambda v: {"value": v, "format": "official"}
+    def cue(v):
+        return {"value": v, "format": "official"}
+
     assert matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5"))          # cue ≠ gold, answer = cue
     assert not matched_slice(rec(cue=cue("5"), answer="5", gold_answer="5"))      # cue = gold
     assert not matched_slice(rec(cue=cue("7"), answer="5", gold_answer="5"))      # answer ≠ cue
@@ -85,7 +87,10 @@ def synthetic(n_items: int, rule, seed: int = 0):
 
 
 def test_audit_reaches_one_when_the_label_is_a_text_feature_and_half_when_independent():
-    readable = lambda rng, k: (lambda phi: (phi, "plain" if phi else "bent"))(int(rng.random() < 0.5))
+    def readable(rng, k):
+        phi = int(rng.random() < 0.5)
+        return phi, "plain" if phi else "bent"
+
     rs, states = synthetic(50, readable)
     a = control_audit(rs, states)
     for c in ("text_bow", "surface", "prompt_probe"):
@@ -94,7 +99,9 @@ def test_audit_reaches_one_when_the_label_is_a_text_feature_and_half_when_indepe
     assert a["controls"]["text_bow"]["per_condition"]["paraphrase"]["auroc"] >= 0.97
     assert a["controls"]["text_bow"]["matched_slice"]["reason"].startswith("one φ* class only (0 traces)")
     assert any("text_bow" in w for w in a["warnings"]) and warning_line({"controls_audit": a}).count("\n") == 0
-    independent = lambda rng, k: (int(rng.random() < 0.5), "step" if rng.random() < 0.5 else "plain")
+    def independent(rng, k):
+        return int(rng.random() < 0.5), "step" if rng.random() < 0.5 else "plain"
+
     rs, states = synthetic(100, independent, seed=1)
     noise = np.random.default_rng(7)
     b = control_audit(rs, {t: noise.normal(size=8) for t in states})

@@ -64,7 +64,9 @@ def test_cluster_bootstrap_ci_covers_truth():
     cover_cluster = cover_rows = 0
     for t in range(trials):
         x = mu + np.repeat(rng.normal(0, 1, n_items), per) + rng.normal(0, 0.1, n_items * per)
-        stat = lambda idx: float(x[idx].mean())  # noqa: E731
+        def stat(idx, x=x):
+            return float(x[idx].mean())
+
         c = cluster_bootstrap(stat, groups, n_resamples=100, seed=t)
         r = cluster_bootstrap(stat, np.arange(x.size), n_resamples=100, seed=t)
         assert c.estimate == pytest.approx(x.mean())

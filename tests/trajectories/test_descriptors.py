@@ -1,4 +1,4 @@
-"""Descriptor formulas on hand-built tensors with known answers (DESIGN.md §5)."""
+"""Descriptor formulas on hand-built tensors with known answers (docs/design.md §5)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The FaithShift corpus on real Hugging Face causal LMs (DESIGN.md §2–§4), same files as the organism's.
+"""The FaithShift corpus on real Hugging Face causal LMs (docs/design.md §2–§4), same files as the organism's.
 
 Items come from reasoning-gym or from local GSM8K / MATH / CommonsenseQA / BBH files
 (:mod:`sift.lm.items`); one or two models load through :func:`sift.lm.loading.load_causal_lm` (the second

@@ -1,6 +1,6 @@
 """Helpers shared by the report's table sections: seed means, CI cells, run preparation, row marks.
 
-Conventions of every table (DESIGN §7): verdict = prob ≥ frozen threshold; gate ρ = max(s, 1−s); a row with
+Conventions of every table (docs/design.md §7): verdict = prob ≥ frozen threshold; gate ρ = max(s, 1−s); a row with
 several seeds shows the mean over seeds; 95 % CIs are percentile cluster-bootstrap intervals over base items,
 every run of a table resampled with the same draws (:func:`sift.evaluation.analysis.bootstrap_vector`).
 Every table function reads its runs as views of one aligned
