@@ -37,7 +37,8 @@ NAN = math.nan
 
 @dataclass(frozen=True)
 class SelectiveConfig:
-    """SGR parameters (docs/design.md §7): target risk α, failure probability δ, bound, candidate grid (None: default)."""
+    """SGR parameters (docs/design.md §7): target risk α, failure probability δ, bound, candidate grid
+    (None: the default grid)."""
 
     alpha: float = 0.25
     delta: float = 0.05

@@ -1,6 +1,6 @@
-"""SGR as a certificate (docs/design.md §7, paper Thm. 4.7): with a *fitted* detector, its decision threshold chosen on a
-selection split and SGR calibrated on a disjoint calibration split, the test selective risk stays ≤ α in at least
-1 − δ of repeated experiments."""
+"""SGR as a certificate (docs/design.md §7, paper Thm. 4.7): with a *fitted* detector, its decision threshold
+chosen on a selection split and SGR calibrated on a disjoint calibration split, the test selective risk stays ≤ α
+in at least 1 − δ of repeated experiments."""
 
 import warnings
 
