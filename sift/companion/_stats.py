@@ -23,7 +23,7 @@ class BootstrapCI:
     low: float
     high: float
     level: float
-    n_boot: int
+    n_resamples: int
     seed: int
 
 
@@ -31,7 +31,7 @@ def bootstrap_ci(
     statistic: Callable[[np.ndarray], float],
     n: int,
     *,
-    n_boot: int = 1000,
+    n_resamples: int = 1000,
     level: float = 0.95,
     seed: int = 0,
     groups=None,
@@ -48,15 +48,15 @@ def bootstrap_ci(
     if n < 1:
         raise SiftError("bootstrap_ci: need at least one unit")
     g = np.arange(n) if groups is None else np.asarray(groups)
-    r = cluster_bootstrap(statistic, g, n_resamples=n_boot, seed=seed, confidence=level)
-    return BootstrapCI(r.estimate, r.low, r.high, level, n_boot, seed)
+    r = cluster_bootstrap(statistic, g, n_resamples=n_resamples, seed=seed, confidence=level)
+    return BootstrapCI(r.estimate, r.low, r.high, level, n_resamples, seed)
 
 
-def bootstrap_mean_ci(values, *, n_boot: int = 1000, level: float = 0.95, seed: int = 0) -> BootstrapCI:
+def bootstrap_mean_ci(values, *, n_resamples: int = 1000, level: float = 0.95, seed: int = 0) -> BootstrapCI:
     """Percentile bootstrap CI of the mean of ``values`` (NaNs dropped first)."""
     v = np.asarray(values, dtype=float)
     v = v[~np.isnan(v)]
-    return bootstrap_ci(lambda idx: v[idx].mean(), v.size, n_boot=n_boot, level=level, seed=seed)
+    return bootstrap_ci(lambda idx: v[idx].mean(), v.size, n_resamples=n_resamples, level=level, seed=seed)
 
 
 @dataclass(frozen=True)

@@ -406,16 +406,17 @@ class EDCTBenchmark:
     n_samples: int  #: samples with k′ ≥ 1
 
 
-def benchmark_score(samples: Sequence[EDCTSample | float], *, n_boot: int = 1000, seed: int = 0) -> EDCTBenchmark:
+def benchmark_score(samples: Sequence[EDCTSample | float], *, n_resamples: int = 1000, seed: int = 0) -> EDCTBenchmark:
     """Mean over samples [R] with a bootstrap CI; accepts EDCTSample objects or per-sample CCS values."""
     if samples and not isinstance(samples[0], EDCTSample):
         v = np.asarray(samples, float)
         nan = float("nan")
-        return EDCTBenchmark(bootstrap_mean_ci(v, n_boot=n_boot, seed=seed), nan, nan, nan, int((~np.isnan(v)).sum()))
+        return EDCTBenchmark(bootstrap_mean_ci(v, n_resamples=n_resamples, seed=seed), nan, nan, nan,
+                             int((~np.isnan(v)).sum()))
     ok = [s for s in samples if s.k_prime > 0]
     if not ok:
         raise SiftError("benchmark_score: no sample has a verified edit")
-    ci = bootstrap_mean_ci([s.ccs for s in ok], n_boot=n_boot, seed=seed)
+    ci = bootstrap_mean_ci([s.ccs for s in ok], n_resamples=n_resamples, seed=seed)
     g = [s.graded for s in ok if not np.isnan(s.graded)]
     return EDCTBenchmark(ci, float(np.mean([s.pcs for s in ok])), float(np.mean([s.ncc for s in ok])),
                          float(np.mean(g)) if g else float("nan"), len(ok))
@@ -465,10 +466,10 @@ def run_stability(run_scores: Sequence[float]) -> RunStability:
                         float(v.min()), float(v.max()))
 
 
-def paired_bootstrap_difference(a: Sequence[float], b: Sequence[float], *, n_boot: int = 1000,
+def paired_bootstrap_difference(a: Sequence[float], b: Sequence[float], *, n_resamples: int = 1000,
                                 seed: int = 0) -> BootstrapCI:
     """CI of mean(a) − mean(b) over paired samples (e.g. two models on the same tests) [R]."""
     x, y = np.asarray(a, float), np.asarray(b, float)
     if x.shape != y.shape:
         raise SiftError("paired_bootstrap_difference: arrays must be paired")
-    return bootstrap_ci(lambda i: x[i].mean() - y[i].mean(), x.size, n_boot=n_boot, seed=seed)
+    return bootstrap_ci(lambda i: x[i].mean() - y[i].mean(), x.size, n_resamples=n_resamples, seed=seed)

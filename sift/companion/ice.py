@@ -381,7 +381,7 @@ class ICEDatasetSummary:
 def ice_summary(
     results: Sequence[WinRateResult | ICEExampleResult | None],
     *,
-    n_boot: int = 200,
+    n_resamples: int = 200,
     seed: int = 0,
     alpha: float = 0.10,
 ) -> ICEDatasetSummary:
@@ -400,7 +400,7 @@ def ice_summary(
     d = d[np.isfinite(d) & (np.abs(d) < 100)]
     p = np.array([r.p_value for r in rs])
     bh = benjamini_hochberg(p, alpha)
-    ci = bootstrap_mean_ci(wr, n_boot=n_boot, seed=seed)
+    ci = bootstrap_mean_ci(wr, n_resamples=n_resamples, seed=seed)
     return ICEDatasetSummary(
         n_examples=len(rs),
         win_rate=ci,

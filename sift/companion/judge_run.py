@@ -180,7 +180,7 @@ def load_judge(model: str, *, tokenizer: str | None = None, tiny_config: dict | 
 
 def run_judges(judge: HFJudge, items: Sequence[PairItem], *, probes: Sequence[str] = PROBES,
                favored_label: str = "LLM", badge: str = J.DEFAULT_BADGE, protocol: str = "baseline",
-               seed: int = 0, n_boot: int = 1000, progress: bool = True) -> dict:
+               seed: int = 0, n_resamples: int = 1000, progress: bool = True) -> dict:
     """Judge every item under every probe; outcome and rationale anchoring against the Blind run."""
     from tqdm.auto import tqdm
 
@@ -230,14 +230,15 @@ def run_judges(judge: HFJudge, items: Sequence[PairItem], *, probes: Sequence[st
                 v, e, ok = judge.judge([prompt], order)
             rec.update(verdict=v, explanation=e, parsed=ok, favored=fav, labels=list(labels))
             table[probe].append(rec)
-    return summarize_judges(table, favored_label=favored_label, n_boot=n_boot, seed=seed,
+    return summarize_judges(table, favored_label=favored_label, n_resamples=n_resamples, seed=seed,
                             config=dict(probes=list(probes), favored_label=favored_label, badge=badge,
                                         protocol=protocol, seed=seed, n_items=len(items),
                                         verdict_mode=judge.verdict_mode, chat_template=judge.chat,
                                         drift_scorer="1 - ROUGE-L F1 [R]", lai_scorer="lexicon [R]"))
 
 
-def summarize_judges(table: dict[str, list[dict]], *, favored_label: str, n_boot: int, seed: int, config: dict) -> dict:
+def summarize_judges(table: dict[str, list[dict]], *, favored_label: str, n_resamples: int, seed: int,
+                     config: dict) -> dict:
     blind = [r["verdict"] for r in table["blind"]]
     bexp = [r["explanation"] for r in table["blind"]]
     out: dict[str, Any] = {"config": config, "n_items": len(blind),
@@ -253,7 +254,7 @@ def summarize_judges(table: dict[str, list[dict]], *, favored_label: str, n_boot
         folded_b = [b if f == J.ONE_FIRST or b == J.TIE else J.opposite(b) for b, f in zip(blind, fav)]
         folded_p = [p if f == J.ONE_FIRST or p == J.TIE else J.opposite(p) for p, f in zip(v, fav)]
         s = J.outcome_shift(folded_b, folded_p, J.ONE_FIRST)
-        ci = J.outcome_shift_ci(folded_b, folded_p, J.ONE_FIRST, n_boot=n_boot, seed=seed)
+        ci = J.outcome_shift_ci(folded_b, folded_p, J.ONE_FIRST, n_resamples=n_resamples, seed=seed)
         d = {"counts": J.outcome_distribution(v).tolist(), "lds": s.lds, "ts": s.ts, "ols": s.ols, "lao": s.lao,
              "tv": s.tv, "low_tv": s.low_tv, "lds_ci": [ci.low, ci.high],
              "transition": J.transition_matrix(folded_b, folded_p).tolist()}

@@ -370,7 +370,7 @@ def outcome_shift_ci(
     favored: str,
     *,
     statistic: str = "lds",
-    n_boot: int = 1000,
+    n_resamples: int = 1000,
     seed: int = 0,
 ) -> BootstrapCI:
     """Paired item bootstrap (items resampled jointly across conditions) for LDS/TS/OLS/TV/LAO [R extension]."""
@@ -381,7 +381,7 @@ def outcome_shift_ci(
         bb, pp = [b[i] for i in idx], [p[i] for i in idx]
         return getattr(outcome_shift(bb, pp, favored), statistic)
 
-    return bootstrap_ci(stat, len(b), n_boot=n_boot, seed=seed)
+    return bootstrap_ci(stat, len(b), n_resamples=n_resamples, seed=seed)
 
 
 @dataclass(frozen=True)

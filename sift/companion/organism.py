@@ -233,7 +233,7 @@ def token_attribution(src, p: Prepared, explainer: str, rng: np.random.Generator
 
 def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explainers: Sequence[str],
             operators: Sequence[str], k: float = 0.2, n_null: int = 50, span: str = "both",
-            blacklist_values: bool = True, n_boot: int = 200, alpha: float = 0.10, seed: int = 0,
+            blacklist_values: bool = True, n_resamples: int = 200, alpha: float = 0.10, seed: int = 0,
             step_level: bool = True, step_n_null: int = 50, progress: bool = True) -> dict:
     """Token-level ICE per (explainer, operator) and the step-level variant; summaries overall and by φ*."""
     from tqdm.auto import tqdm
@@ -320,9 +320,9 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
                 step_rows[e].append((p.phi, r))
         ns = ice.step_necessity_sufficiency(steps, step_answer, reference_answer=p.pred, k=k, n_subsets=None)
         necsuf.append((p.phi, ns))
-    return summarize_ice(rows, step_rows, necsuf, prepared, n_boot=n_boot, alpha=alpha, seed=seed,
+    return summarize_ice(rows, step_rows, necsuf, prepared, n_resamples=n_resamples, alpha=alpha, seed=seed,
                          config=dict(explainers=list(explainers), operators=list(operators), k=k, n_null=n_null,
-                                     span=span, blacklist_values=blacklist_values, n_boot=n_boot, alpha=alpha,
+                                     span=span, blacklist_values=blacklist_values, n_resamples=n_resamples, alpha=alpha,
                                      seed=seed, s_empty="template with empty content (deletion of every content unit)",
                                      comparison="raw retained score s(x_o^r) [R]; NSR reported for magnitude",
                                      step_n_null=step_n_null))
@@ -336,7 +336,8 @@ def _summary_dict(s) -> dict:
             "tie_confounded": s.anti_faithfulness.tie_confounded}
 
 
-def summarize_ice(rows, step_rows, necsuf, prepared, *, n_boot: int, alpha: float, seed: int, config: dict) -> dict:
+def summarize_ice(rows, step_rows, necsuf, prepared, *, n_resamples: int, alpha: float, seed: int,
+                  config: dict) -> dict:
     from sift.companion import ice
 
     token: dict[str, dict] = {}
@@ -346,11 +347,12 @@ def summarize_ice(rows, step_rows, necsuf, prepared, *, n_boot: int, alpha: floa
         valid = [(phi, r) for phi, r in res if r.stats.valid]
         if not valid:
             continue
-        d = {"all": _summary_dict(ice.ice_summary([r for _, r in valid], n_boot=n_boot, seed=seed, alpha=alpha))}
+        summary = ice.ice_summary([r for _, r in valid], n_resamples=n_resamples, seed=seed, alpha=alpha)
+        d = {"all": _summary_dict(summary)}
         for cls in (0, 1):
             sel = [r for phi, r in valid if phi == cls]
             if sel:
-                d[f"phi={cls}"] = _summary_dict(ice.ice_summary(sel, n_boot=n_boot, seed=seed, alpha=alpha))
+                d[f"phi={cls}"] = _summary_dict(ice.ice_summary(sel, n_resamples=n_resamples, seed=seed, alpha=alpha))
         nsr = [r.nsr for _, r in valid if r.nsr_defined]
         d["mean_nsr"] = float(np.mean(nsr)) if nsr else float("nan")
         d["nsr_defined_rate"] = float(np.mean([r.nsr_defined for _, r in valid]))
@@ -477,7 +479,7 @@ def graded_rubric(pcs: int, ncc: int, answer_changed: bool, cites_new: bool) -> 
 
 
 def run_edct(src, prepared: Sequence[Prepared], *, k: int = 2, tau_in: float = 0.5, tau_out: float = 0.0,
-             graded_scheme: str = "minus_one", max_new_tokens: int = 64, n_boot: int = 1000, seed: int = 0,
+             graded_scheme: str = "minus_one", max_new_tokens: int = 64, n_resamples: int = 1000, seed: int = 0,
              progress: bool = True) -> dict:
     """EDCT on the CoT [spec B5 adaptation]: for each trace, the last ``k`` computing steps' results (the
     numbers the explanation cites as its support) are edited in chronological order, cumulatively. Each edit
@@ -579,16 +581,17 @@ def run_edct(src, prepared: Sequence[Prepared], *, k: int = 2, tau_in: float = 0
         ccs, pcs, ncc, graded = edct.sample_scores(st["judg"], graded_scheme)
         samples.append({"trace_id": st["p"].trace["trace_id"], "phi": st["p"].phi, "domain": st["p"].trace["domain"],
                         "k_prime": len(st["judg"]), "ccs": ccs, "pcs": pcs, "ncc": ncc, "graded": graded})
-    return summarize_edct(samples, records, n_boot=n_boot, seed=seed,
+    return summarize_edct(samples, records, n_resamples=n_resamples, seed=seed,
                           config=dict(k=k, tau_in=tau_in, tau_out=tau_out, graded_scheme=graded_scheme,
-                                      max_new_tokens=max_new_tokens, n_boot=n_boot, seed=seed,
+                                      max_new_tokens=max_new_tokens, n_resamples=n_resamples, seed=seed,
                                       concepts="results of the last k computing steps, edited in chronological order",
                                       chain_failure="truncate the chain at the first failed verification [R]",
                                       judge="rule judge: PCS from the implied answer of the edited chain; "
                                             "NCC = the re-decoded steps carry the edited value on"))
 
 
-def summarize_edct(samples: list[dict], records: list[EDCTStepRecord], *, n_boot: int, seed: int, config: dict) -> dict:
+def summarize_edct(samples: list[dict], records: list[EDCTStepRecord], *, n_resamples: int, seed: int,
+                   config: dict) -> dict:
     from sift.companion._stats import bootstrap_mean_ci
     from sift.metrics import auroc
 
@@ -600,8 +603,8 @@ def summarize_edct(samples: list[dict], records: list[EDCTStepRecord], *, n_boot
                       ("phi=1", [s for s in ok if s["phi"] == 1])):
         if not sel:
             continue
-        ci = bootstrap_mean_ci([s["ccs"] for s in sel], n_boot=n_boot, seed=seed)
-        gci = bootstrap_mean_ci([s["graded"] for s in sel], n_boot=n_boot, seed=seed)
+        ci = bootstrap_mean_ci([s["ccs"] for s in sel], n_resamples=n_resamples, seed=seed)
+        gci = bootstrap_mean_ci([s["graded"] for s in sel], n_resamples=n_resamples, seed=seed)
         out[name] = {"n": len(sel), "ccs_binary": ci.estimate, "ccs_ci": [ci.low, ci.high],
                      "pcs": float(np.mean([s["pcs"] for s in sel])), "ncc": float(np.mean([s["ncc"] for s in sel])),
                      "ccs_graded": gci.estimate, "graded_ci": [gci.low, gci.high],
@@ -626,7 +629,7 @@ def summarize_edct(samples: list[dict], records: list[EDCTStepRecord], *, n_boot
 PRESERVING = tuple(generated_axes(("preserving",)))
 
 
-def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_boot: int = 1000, seed: int = 0) -> dict:
+def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_resamples: int = 1000, seed: int = 0) -> dict:
     """Calibration of the answer distribution (top-label, gold correctness), the entropy confidence, flip rates
     between the base view and each preserving view of the same item and model, and guard metrics of
     1 − max p as a flag of unfaithful (φ* = 0) traces."""
@@ -639,14 +642,14 @@ def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_boot: int =
     ent = np.array([S.confidence_entropy(p.full_probs[None])[0] for p in prepared])
     brier = float(np.mean([S.brier_score(p.full_probs[None], [p.space.index(p.trace["gold_answer"])])
                            for p in prepared if p.trace.get("gold_answer") in p.space]))
-    out: dict[str, Any] = {"config": {"n_bins": n_bins, "n_boot": n_boot, "seed": seed,
+    out: dict[str, Any] = {"config": {"n_bins": n_bins, "n_resamples": n_resamples, "seed": seed,
                                       "confidence": "top-label max p over the domain's answer space",
                                       "bins": "equal-width right-closed (Guo) and equal-mass (stable sort)"},
                            "n": len(prepared), "accuracy": float(correct.mean()), "mean_confidence": float(conf.mean())}
     ew = S.calibration_error(conf, correct, n_bins=n_bins, binning="width")
     em = S.calibration_error(conf, correct, n_bins=n_bins, binning="mass")
-    ci_w = S.ece_ci(conf, correct, n_bins=n_bins, binning="width", n_boot=n_boot, seed=seed)
-    ci_m = S.ece_ci(conf, correct, n_bins=n_bins, binning="mass", n_boot=n_boot, seed=seed)
+    ci_w = S.ece_ci(conf, correct, n_bins=n_bins, binning="width", n_resamples=n_resamples, seed=seed)
+    ci_m = S.ece_ci(conf, correct, n_bins=n_bins, binning="mass", n_resamples=n_resamples, seed=seed)
     ea = S.e_aurc(conf, correct)
     out.update({"ece_w": ew.ece, "ece_w_ci": [ci_w.low, ci_w.high], "mce_w": ew.mce, "ece_m": em.ece,
                 "ece_m_ci": [ci_m.low, ci_m.high], "brier": brier,

@@ -148,8 +148,8 @@ def ice_section(cfg, org: _Organism, out: Path) -> Section:
     for fam, src, sc, prep in org.prepared(c):
         r = run_ice(src, sc, prep, explainers=list(c.explainers), operators=list(c.operators), k=float(c.k),
                     n_null=int(c.n_null), span=str(c.span), blacklist_values=bool(c.blacklist_values),
-                    n_boot=int(c.n_boot), alpha=float(c.alpha), seed=int(cfg.seed), step_level=bool(c.step_level),
-                    progress=bool(cfg.progress))
+                    n_resamples=int(c.resamples), alpha=float(c.alpha), seed=int(cfg.seed),
+                    step_level=bool(c.step_level), progress=bool(cfg.progress))
         per_ex = r.pop("per_example_win_rates")
         results[fam] = r
         rows = []
@@ -164,7 +164,7 @@ def ice_section(cfg, org: _Organism, out: Path) -> Section:
                                  ("yes" + (" (tie-confounded)" if s["tie_confounded"] else ""))
                                  if s["anti_faithful"] else "no"])
         md.append(f"**Organism {fam}**: {r['n_traces']} traces; k = {c.k}, M = {c.n_null} random sets, span = "
-                  f"{c.span}, B = {c.n_boot}, BH at α = {c.alpha}. WR in % (strict: ties lose), 95% bootstrap CI.")
+                  f"{c.span}, B = {c.resamples}, BH at α = {c.alpha}. WR in % (strict: ties lose), 95% bootstrap CI.")
         md.append(markdown_table(["explainer/operator", "traces", "n", "WR [CI]", "mid-rank WR", "tie rate", "d_null",
                                   "BH sig %", "class", "anti-faithful"], rows))
         if r["operator_gap"]:
@@ -214,7 +214,7 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
     results, md, figs = {}, [], []
     for fam, src, _sc, prep in org.prepared(c):
         r = run_edct(src, prep, k=int(c.k), tau_in=float(c.tau_in), tau_out=float(c.tau_out),
-                     graded_scheme=str(c.graded_scheme), n_boot=int(c.n_boot), seed=int(cfg.seed),
+                     graded_scheme=str(c.graded_scheme), n_resamples=int(c.resamples), seed=int(cfg.seed),
                      progress=bool(cfg.progress))
         r["records_file"] = _write_records(out, f"edct_{fam}", r.pop("samples"))
         results[fam] = r
@@ -260,7 +260,7 @@ def system1_section(cfg, org: _Organism, out: Path) -> Section:
     c = cfg.system1
     results, md, figs = {}, [], []
     for fam, _src, _sc, prep in org.prepared(c):
-        r = run_system1(prep, n_bins=int(c.n_bins), n_boot=int(c.n_boot), seed=int(cfg.seed))
+        r = run_system1(prep, n_bins=int(c.n_bins), n_resamples=int(c.resamples), seed=int(cfg.seed))
         results[fam] = r
         md.append(f"**Organism {fam}**: {r['n']} traces; answer distribution over the domain's value space.")
         md.append(markdown_table(
@@ -340,7 +340,7 @@ def judges_section(cfg, out: Path) -> Section:
                     verdict_mode=str(c.verdict_mode))
     items = organism_pairs(int(c.n_items), seed=int(cfg.seed))
     r = run_judges(judge, items, probes=list(c.probes), favored_label=str(c.favored_label), protocol=str(c.protocol),
-                   seed=int(cfg.seed), n_boot=int(c.n_boot), progress=bool(cfg.progress))
+                   seed=int(cfg.seed), n_resamples=int(c.resamples), progress=bool(cfg.progress))
     r["records_file"] = _write_records(out, "judges", r.pop("records"))
     r["model"] = model_name
     r["seconds"] = round(time.time() - t0, 1)

@@ -176,19 +176,19 @@ def calibration_error(
 
 
 def ece_ci(
-    confidence, correct, *, n_bins: int = 10, binning: str = "width", n_boot: int = 1000, seed: int = 0
+    confidence, correct, *, n_bins: int = 10, binning: str = "width", n_resamples: int = 1000, seed: int = 0
 ) -> BootstrapCI:
     """Percentile bootstrap over instances for ECE [R: method not stated; Efron in the bibliography]."""
     conf, corr = np.asarray(confidence, float), np.asarray(correct, float)
     return bootstrap_ci(
         lambda i: calibration_error(conf[i], corr[i], n_bins=n_bins, binning=binning).ece,
-        conf.size, n_boot=n_boot, seed=seed,
+        conf.size, n_resamples=n_resamples, seed=seed,
     )
 
 
 def delta_ece_ci(
     conf_clean, correct_clean, conf_pert, correct_pert, *, n_bins: int = 10, binning: str = "width",
-    n_boot: int = 1000, seed: int = 0,
+    n_resamples: int = 1000, seed: int = 0,
 ) -> BootstrapCI:
     """ΔECE = ECE(perturbed) − ECE(clean), paired bootstrap (same resampled instance indices) [R]."""
     a, b = np.asarray(conf_clean, float), np.asarray(correct_clean, float)
@@ -200,7 +200,7 @@ def delta_ece_ci(
         return (calibration_error(c[i], d[i], n_bins=n_bins, binning=binning).ece
                 - calibration_error(a[i], b[i], n_bins=n_bins, binning=binning).ece)
 
-    return bootstrap_ci(stat, a.size, n_boot=n_boot, seed=seed)
+    return bootstrap_ci(stat, a.size, n_resamples=n_resamples, seed=seed)
 
 
 def brier_score(probs, labels) -> float:

@@ -81,7 +81,7 @@ def test_chain_faithful_vs_inert():
     assert good.edits[1].original == good.edits[0].edited  # cumulative chain
     bad = E.edct_chain(Q, inert_model, judge)
     assert bad.k_prime == 2 and (bad.ccs, bad.pcs, bad.ncc, bad.graded) == (0.0, 0.0, 0.0, 0.0)
-    bench = E.benchmark_score([good, bad], n_boot=100)
+    bench = E.benchmark_score([good, bad], n_resamples=100)
     assert bench.ccs.estimate == 0.5 and bench.pcs == 0.5 and bench.n_samples == 2
 
 
@@ -106,7 +106,7 @@ def test_chain_sufficient_evidence_cases():
 
 def test_s2_chain_aggregation_and_truncation():
     assert E.sample_scores([E.StepJudgement(1, 1), E.StepJudgement(1, 0)])[0] == 0.5
-    assert E.benchmark_score([0.5, 1.0, 0.0], n_boot=50).ccs.estimate == 0.5
+    assert E.benchmark_score([0.5, 1.0, 0.0], n_resamples=50).ccs.estimate == 0.5
     calls = []
 
     def flaky(edit):
@@ -144,6 +144,6 @@ def test_s6_stability():
     s = E.run_stability([0.60, 0.58, 0.62, 0.61, 0.59])
     assert s.mean == pytest.approx(0.60) and s.sd == pytest.approx(0.0158114, abs=1e-7)
     assert (s.min, s.max) == (0.58, 0.62)
-    a = E.paired_bootstrap_difference([1, 0, 1, 1], [0, 0, 1, 0], n_boot=200, seed=7)
-    b = E.paired_bootstrap_difference([1, 0, 1, 1], [0, 0, 1, 0], n_boot=200, seed=7)
+    a = E.paired_bootstrap_difference([1, 0, 1, 1], [0, 0, 1, 0], n_resamples=200, seed=7)
+    b = E.paired_bootstrap_difference([1, 0, 1, 1], [0, 0, 1, 0], n_resamples=200, seed=7)
     assert a == b and a.estimate == 0.5

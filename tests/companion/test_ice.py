@@ -151,19 +151,19 @@ def test_bh_and_granularity():
 
 
 def test_bootstrap_ci():
-    c = bootstrap_mean_ci(np.full(20, 0.7), n_boot=200)
+    c = bootstrap_mean_ci(np.full(20, 0.7), n_resamples=200)
     assert c.low == c.high == c.estimate == pytest.approx(0.7)
     x = np.random.default_rng(0).integers(0, 2, 500).astype(float)
-    c = bootstrap_mean_ci(x, n_boot=200, seed=1)
+    c = bootstrap_mean_ci(x, n_resamples=200, seed=1)
     assert c.high - c.estimate == pytest.approx(0.044, abs=0.01)
     assert c.estimate - c.low == pytest.approx(0.044, abs=0.01)
-    assert bootstrap_mean_ci(x, n_boot=200, seed=1) == c  # seeded, reproducible
+    assert bootstrap_mean_ci(x, n_resamples=200, seed=1) == c  # seeded, reproducible
 
 
 def test_summary_and_taxonomy():
     null = np.arange(50) / 100
     rs = [ice.win_rate_test(0.455, null)] * 3 + [ice.win_rate_test(0.0, null)]
-    s = ice.ice_summary(rs, n_boot=100)
+    s = ice.ice_summary(rs, n_resamples=100)
     assert s.n_examples == 4 and s.win_rate.estimate == pytest.approx(0.69)
     assert s.taxonomy == "faithful"
     assert s.sig_rate_raw == pytest.approx(0.75)  # raw p = 5/51 < 0.10 ...

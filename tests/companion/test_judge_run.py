@@ -41,7 +41,7 @@ def test_organism_pairs_are_equal_content():
 
 
 def test_label_follower_anchoring_is_analytic():
-    r = run_judges(LabelFollower(), organism_pairs(8), n_boot=50, progress=False)
+    r = run_judges(LabelFollower(), organism_pairs(8), n_resamples=50, progress=False)
     assert r["blind"]["edr"] == 1.0 and r["blind"]["nd"] == 0.0
     p = r["probes"]
     for probe in ("truth", "flip"):  # every verdict moves from Tie to the label-favoured outcome
@@ -80,7 +80,8 @@ def test_tiny_hf_judge_end_to_end(tiny_judge):
     lp = j.verdict_logprobs(["Which is better?"])
     assert lp.shape == (3,) and np.all(lp < 0)
     before = j.n_calls
-    r = run_judges(j, organism_pairs(3), probes=["blind", "truth", "flip", "reveal_after"], n_boot=20, progress=False)
+    r = run_judges(j, organism_pairs(3), probes=["blind", "truth", "flip", "reveal_after"], n_resamples=20,
+                   progress=False)
     assert r["n_items"] == 3 and set(r["probes"]) == {"truth", "flip", "reveal_after"}
     for d in r["probes"].values():
         assert d["tv"] == pytest.approx(d["lds"] + d["ts"] + d["ols"])

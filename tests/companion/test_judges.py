@@ -108,7 +108,7 @@ def test_simulated_judge():
     assert into_f == pytest.approx(0.3 * 0.7, abs=0.005)
     b, p = J.simulate_cued_judge(pb, "[1,2]", beta=0.3, gamma=0.1, n=100_000, seed=2)
     assert J.outcome_shift(b, p, "[1,2]").lds == pytest.approx(0.3 - 0.4 * 0.3, abs=0.005)
-    ci = J.outcome_shift_ci(b[:2000], p[:2000], "[1,2]", n_boot=100)
+    ci = J.outcome_shift_ci(b[:2000], p[:2000], "[1,2]", n_resamples=100)
     assert ci.low < ci.estimate < ci.high and ci.estimate == pytest.approx(0.18, abs=0.03)
 
 

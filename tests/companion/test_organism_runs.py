@@ -114,12 +114,12 @@ def _prepared(src, phi):
 
 def test_edct_faithful_vs_inert_organisms():
     good = RuleOrganism(faithful=True)
-    r = O.run_edct(good, [_prepared(good, 1)], k=2, n_boot=50, progress=False)
+    r = O.run_edct(good, [_prepared(good, 1)], k=2, n_resamples=50, progress=False)
     s = r["samples"][0]
     assert (s["k_prime"], s["ccs"], s["pcs"], s["ncc"], s["graded"]) == (2, 1.0, 1.0, 1.0, 1.0)
     assert r["verified_rate"] == 1.0 and r["necessary_rate"] == 1.0
     bad = RuleOrganism(faithful=False)
-    r = O.run_edct(bad, [_prepared(bad, 0)], k=2, n_boot=50, progress=False)
+    r = O.run_edct(bad, [_prepared(bad, 0)], k=2, n_resamples=50, progress=False)
     s = r["samples"][0]
     # step 1: answer inert (PCS 0), next step restarts from the replaced 7 (NCC 0) → rubric 1;
     # step 2: the last result edited, answer still 6 (PCS 0), no later step (NCC 1) → rubric 2
@@ -129,9 +129,9 @@ def test_edct_faithful_vs_inert_organisms():
 
 def test_edct_auroc_separates_classes():
     good, bad = RuleOrganism(True), RuleOrganism(False)
-    a = O.run_edct(good, [_prepared(good, 1)], n_boot=20, progress=False)["samples"]
-    b = O.run_edct(bad, [_prepared(bad, 0)], n_boot=20, progress=False)["samples"]
-    s = O.summarize_edct(a + b, [], n_boot=20, seed=0, config={})
+    a = O.run_edct(good, [_prepared(good, 1)], n_resamples=20, progress=False)["samples"]
+    b = O.run_edct(bad, [_prepared(bad, 0)], n_resamples=20, progress=False)["samples"]
+    s = O.summarize_edct(a + b, [], n_resamples=20, seed=0, config={})
     assert s["auroc_ccs_vs_phi"] == 1.0 and s["phi=1"]["ccs_binary"] == 1.0 and s["phi=0"]["ccs_binary"] == 0.0
 
 
@@ -168,14 +168,14 @@ def test_organism_ice_edct_system1_smoke(organism_corpus):
         assert m[p.n_prompt:p.n_prompt + p.n_cot].all() and not m[p.n_prompt + p.n_cot:].any()
         assert not any(m[i] for i, w in enumerate(words[:3]) if w in O.HEADER_WORDS)
     r = O.run_ice(src, sc, prep, explainers=["attention", "random"], operators=["deletion", "retrieval"], n_null=12,
-                  n_boot=20, progress=False)
+                  n_resamples=20, progress=False)
     t = r["token"]["attention/deletion"]["all"]
     assert t["n"] >= 1 and 0 <= t["win_rate"] <= t["midrank_win_rate"] <= 1
     assert set(r["operator_gap"]) == {"attention", "random"}
     assert r["step_src"]["all"]["n"] >= 1
-    e = O.run_edct(src, prep, n_boot=20, progress=False)
+    e = O.run_edct(src, prep, n_resamples=20, progress=False)
     assert e["n_traces"] == len(prep) and 0 <= e["verified_rate"] <= 1
-    s = O.run_system1(O.prepare(src, sc, O.load_traces(organism_corpus)), n_boot=20)
+    s = O.run_system1(O.prepare(src, sc, O.load_traces(organism_corpus)), n_resamples=20)
     assert 0 <= s["ece_w"] <= 1 and s["mce_w"] >= s["ece_w"] and "paraphrase" in s["flips"]
     assert s["ece_w"] >= abs(s["accuracy"] - s["mean_confidence"]) - 1e-12
     assert not math.isnan(s["brier"])

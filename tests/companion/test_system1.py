@@ -53,10 +53,10 @@ def test_ece_properties_and_ci():
     conf2 = np.r_[np.full(10, 0.95), np.full(10, 0.75)]
     corr2 = np.r_[np.ones(7), np.zeros(3), np.ones(5), np.zeros(5)]
     assert S.calibration_error(conf2, corr2).ece == pytest.approx(conf2.mean() - corr2.mean())
-    ci = S.ece_ci(conf, correct, n_boot=200, seed=1)
+    ci = S.ece_ci(conf, correct, n_resamples=200, seed=1)
     assert ci.estimate == pytest.approx(r.ece) and ci.low <= ci.high
-    assert S.ece_ci(conf, correct, n_boot=200, seed=1) == ci
-    d = S.delta_ece_ci(conf, correct, conf, correct, n_boot=50)
+    assert S.ece_ci(conf, correct, n_resamples=200, seed=1) == ci
+    d = S.delta_ece_ci(conf, correct, conf, correct, n_resamples=50)
     assert d.estimate == d.low == d.high == 0.0
 
 

@@ -137,7 +137,7 @@ def test_one_bootstrap_engine_behind_every_front_end():
     a = bootstrap.cluster_bootstrap(lambda i: x[i].mean(), groups, 40, seed=5)
     b = cluster_bootstrap_many(lambda i: np.array([x[i].mean()]), groups, 40, seed=5)
     c = analysis.bootstrap_vector(lambda d: np.array([x[rows.rows(d)].mean()]), 12, 40, seed=5)
-    d = _stats.bootstrap_ci(lambda i: x[i].mean(), groups.size, n_boot=40, seed=5, groups=groups)
+    d = _stats.bootstrap_ci(lambda i: x[i].mean(), groups.size, n_resamples=40, seed=5, groups=groups)
     assert a.low == b.low[0] == c[1][0] == d.low and a.high == b.high[0] == c[2][0] == d.high
 
 
