@@ -139,7 +139,8 @@ def clean_failure(prog: str, out_dir: str | Path | None, lock: bool = True) -> I
     held: OutputLock | None = None
     code, msg = 0, ""
     try:
-        if root is not None and lock:
+        # a DDP worker that Lightning launched (LOCAL_RANK ≥ 1) runs under the lock its rank-0 parent holds
+        if root is not None and lock and int(os.environ.get("LOCAL_RANK", "0") or 0) == 0:
             held = OutputLock(root, prog).acquire()
         yield
     except SiftError as e:

@@ -37,9 +37,22 @@ class StepEarlyStopping(EarlyStopping):
         self.patience_steps, self.min_steps = int(patience_steps), int(min_steps)
         self.best_step = 0
         self.stopped_step: int | None = None
+        self._validated = False  # a validation ran in this fit (not only in the run a checkpoint came from)
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._validated = False
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._validated = True
+        super().on_validation_end(trainer, pl_module)
 
     def _run_early_stopping_check(self, trainer: pl.Trainer) -> None:
         logs = trainer.callback_metrics
+        if self.monitor not in logs and not self._validated and trainer.ckpt_path is not None:
+            # resumed from a checkpoint written at an epoch's end, after that epoch's check (its outcome is in the
+            # restored state): Lightning replays the epoch-end hooks with no metrics logged in this process
+            return
         if trainer.fast_dev_run or not self._validate_condition_metric(logs):
             return
         current = logs[self.monitor].squeeze()
