@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compare_results import differences  # scripts/ is on sys.path when this runs as a script
+
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-12
 
@@ -213,25 +215,6 @@ def left_behind(out: Path) -> str:
     return ", ".join(parts)
 
 
-def compare(a: Any, b: Any, path: str = "") -> list[str]:
-    """Differences between two results.json trees (numbers to 1e-12)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        diffs = [f"{path}/{k}: only in one" for k in sorted(set(a) ^ set(b))]
-        for k in sorted(set(a) & set(b)):
-            diffs += compare(a[k], b[k], f"{path}/{k}")
-        return diffs
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            return [f"{path}: {len(a)} vs {len(b)} items"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in compare(x, y, f"{path}[{i}]")]
-    num = (int, float)
-    if isinstance(a, num) and isinstance(b, num) and not isinstance(a, bool) and not isinstance(b, bool):
-        if (math.isnan(a) and math.isnan(b)) or abs(a - b) <= TOL:
-            return []
-        return [f"{path}: {a!r} vs {b!r}"]
-    return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
-
-
 def max_abs_diff(a: Any, b: Any) -> float:
     if isinstance(a, dict) and isinstance(b, dict):
         return max([max_abs_diff(a[k], b[k]) for k in set(a) & set(b)], default=0.0)
@@ -274,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.time()
         run_clean(overrides, out, args.work / f"kill{i}.rerun.log")
         got = json.loads((out / "report" / "results.json").read_text())
-        diffs = compare(reference, got)
+        diffs = differences(reference, got, TOL, ignore=())
         ok = killed and left == 0 and not diffs
         ok_all &= ok
         rows.append([pt.name, f"{t_kill:.0f}", "yes" if killed else "no (finished first)", str(left), found,
