@@ -51,7 +51,7 @@ class TransferConfig:
     detectors: list[str] = MISSING
     seeds: list[int] = MISSING
     holdout_domains: list[str] = MISSING
-    holdout_models: list[str] = MISSING
+    holdout_models: Any = MISSING  # a list of family labels, or "auto": every source model but the first
 
 
 @dataclass
@@ -86,6 +86,9 @@ class FaithShiftConfig:
     factorial_seeds: list[int] = MISSING
     transfer: TransferConfig = field(default_factory=TransferConfig)
     instance_ensemble: list[str] = MISSING
+    source: Any = MISSING  # the corpus source (configs/source: organism | hf), checked by the corpus stage
+    conditions: Any = None  # the corpus axes (None: all ten)
+    domains: Any = None  # organism domains (None: all)
     corpus_overrides: list[str] = field(default_factory=list)
     extract_overrides: list[str] = field(default_factory=list)
     train_overrides: list[str] = field(default_factory=list)

@@ -20,9 +20,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+import sift.corpus.config  # noqa: F401  (registers the source schemas the faithshift config's `source` uses)
 from sift.atomic import write_json, write_text
 from sift.config import compose
-from sift.corpus.job import run_corpus
+from sift.corpus.job import run_corpus, source_config
+from sift.corpus.sources import get_source
 from sift.detectors.registry import DetectorEntry, detector_entries
 from sift.errors import SiftError
 
@@ -54,6 +56,18 @@ def ablated_detector(cfg: DictConfig, registry: dict[str, DetectorEntry]) -> str
     return named[0] if named else None
 
 
+def holdout_models(cfg: DictConfig) -> list[str]:
+    """``transfer.holdout_models``: the listed families, or with ``auto`` every source model but the first."""
+    hm = cfg.transfer.holdout_models
+    if hm == "auto":
+        c = corpus_config(cfg, Path(cfg.paths.output_dir))
+        src = source_config(c.source)
+        return get_source(src.type).families(src)[1:]
+    if isinstance(hm, str) or hm is None:
+        raise SiftError(f"transfer.holdout_models: expected a list of model families or 'auto', got {hm!r}")
+    return [str(m) for m in hm]
+
+
 def plan_runs(cfg: DictConfig) -> list[RunSpec]:
     """Every training run the config asks for: detectors × seeds, the ablations × seeds of the detector whose
     registry entry takes them, the factorial cells (the other objective of each detector whose entry declares
@@ -81,7 +95,7 @@ def plan_runs(cfg: DictConfig) -> list[RunSpec]:
                              cost=reg[d].cost) for h in tr.holdout_domains]
             runs += [RunSpec(f"transfer/model-{h}/{d}/seed{s}", "transfer_model", d, int(s),
                              [f"detector={d}", f"data.holdout_model={h}"], {"holdout_model": str(h)},
-                             cost=reg[d].cost) for h in tr.holdout_models]
+                             cost=reg[d].cost) for h in holdout_models(cfg)]
     return runs
 
 
@@ -101,13 +115,26 @@ class Stage:
             print(f"[faithshift] {self.name} done ({time.time() - self.t0:.0f} s)", flush=True)
 
 
+def _overrides_of(cfg: DictConfig) -> set[str]:
+    return {str(o).lstrip("+~").split("=")[0].split(".")[0].split("/")[0] for o in cfg.corpus_overrides}
+
+
 def corpus_config(cfg: DictConfig, out: Path) -> DictConfig:
-    """The corpus stage's ``sift-corpus`` config: its chunks run on the main job's ``executor`` and ``workers``
-    unless ``corpus_overrides`` set them."""
-    c = compose("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}",
+    """The corpus stage's ``sift-corpus`` config: the main job's ``source`` (unless ``corpus_overrides`` name
+    one), ``conditions`` and ``domains``; its chunks run on the main job's ``executor`` and ``workers`` unless
+    ``corpus_overrides`` set them."""
+    own = _overrides_of(cfg)
+    source = cfg.get("source")
+    job = [f"{k}=[{','.join(map(str, cfg[k]))}]" for k in ("conditions", "domains")
+           if cfg.get(k) is not None and k not in own]
+    if source is not None and "source" not in own:
+        job.append(f"source={source.type}")
+    c = compose("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}", *job,
                            *cfg.corpus_overrides])
-    own = {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.corpus_overrides}
     with open_dict(c):
+        if source is not None and "source" not in own:
+            # the main job's source node, its interpolations (${n_items}, ${conditions} …) left to the corpus config
+            c.source = OmegaConf.merge(c.source, OmegaConf.create(OmegaConf.to_container(source, resolve=False)))
         if "executor" not in own:
             c.executor = OmegaConf.create(OmegaConf.to_container(cfg.executor, resolve=True))
         if "workers" not in own:
@@ -119,13 +146,21 @@ def build_corpus(cfg: DictConfig, out: Path) -> dict:
     return run_corpus(corpus_config(cfg, out))
 
 
+def source_models(cfg: DictConfig, out: Path) -> dict[str, str]:
+    """family label → the model the corpus source generated with (what extraction loads; a GGUF file's
+    converted folder)."""
+    src = source_config(corpus_config(cfg, out).source)
+    return get_source(src.type).models(src)
+
+
 def extract(cfg: DictConfig, out: Path) -> dict | None:
-    from sift.organism import DEFAULT_CHECKPOINTS
     from sift.trajectories.job import run_extract
 
-    models = [f"models.{f}={DEFAULT_CHECKPOINTS / f}" for f in ("gpt2", "llama")]
-    c = compose("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}", *models,
+    c = compose("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}",
                             *cfg.extract_overrides])
+    if "models" not in {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.extract_overrides}:
+        with open_dict(c):
+            c.models = OmegaConf.create(source_models(cfg, out))
     return run_extract(c)
 
 
@@ -289,8 +324,14 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
     validate_executor(engine_config(corpus.executor, corpus.workers))
     comp("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}",
                      *cfg.extract_overrides], "extract_overrides")
-    domains = set(corpus.get("domains") or [])
-    families = set(corpus.source.get("families") or []) if corpus.source.get("type") == "organism" else None
+    try:
+        src = source_config(corpus.source)
+    except OmegaConfBaseException as e:
+        raise SiftError(f"source: {str(e).splitlines()[0]}") from None
+    get_source(src.type)  # an unknown source type fails here
+    src.validate()
+    domains = set(corpus.get("domains") or []) if src.type == "organism" else set()  # real items: known when loaded
+    families = set(get_source(src.type).families(src))
     specs = plan_runs(cfg)
     for spec in specs:
         try:

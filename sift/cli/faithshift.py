@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+import sift.corpus.config  # noqa: F401  (registers the source schemas the config's `source` group uses)
 from sift.cli._common import clean_failure, sift_main
 
 

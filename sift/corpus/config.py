@@ -18,12 +18,9 @@ from hydra.core.config_store import ConfigStore
 
 from sift.corpus.axes import AXES, check_conditions
 from sift.errors import SiftError
-from sift.lm.items import FORMATS
+from sift.lm.items import ItemSpec
 from sift.organism import DEFAULT_CHECKPOINTS
 from sift.organism.domains import DOMAINS, answer_space
-
-#: where items of an hf corpus come from: reasoning-gym, or a local file in one of these formats
-ITEM_SOURCES = ("reasoning_gym",) + FORMATS
 
 
 @dataclass
@@ -97,12 +94,13 @@ class HFCorpusConfig:
     type: str = "hf"
     models: list[str] = field(default_factory=list)  # 1 or 2 names / folders / .gguf files
     families: list[str] | None = None  # short labels, one per model (default: from the names)
-    items: str = "reasoning_gym"  # or gsm8k | math | commonsenseqa | bbh (a local file in ``path``)
-    task: str = "basic_arithmetic"  # reasoning-gym task
-    path: str | None = None
+    #: where the items come from (sift.lm.items.ItemSpec; the group configs/source/items holds ready-made lists)
+    items: list[ItemSpec] = field(default_factory=lambda: [ItemSpec(kind="reasoning_gym", task="basic_arithmetic")])
     n_items: int = 8
     conditions: list[str] = field(default_factory=lambda: list(AXES))
     family_conditions: str = "all"  # what the second model generates: "all" conditions or only "base"
+    family_items: int | None = None  # the second model generates on the first this many items only (None: all)
+    backend: str = "hf"  # free generation: hf (transformers, CPU or GPU) | vllm (GPU; pip install 'sift[vllm]')
     seed: int = 0
     cue: CueMixture = field(default_factory=lambda: CueMixture(p_cue=0.5))
     do_sample: bool = False
@@ -115,6 +113,7 @@ class HFCorpusConfig:
     device: str = "cpu"
     dtype: str | None = None
     system_prompt: str | None = None
+    response_prefix: str = ""  # the start of the reply written for the model (e.g. "Step 1:"): it reasons first
 
     def validate(self) -> None:
         if not 1 <= len(self.models) <= 2:
@@ -124,15 +123,27 @@ class HFCorpusConfig:
             if len(self.families) != len(self.models) or len(set(self.families)) != len(self.families):
                 raise SiftError(f"families: need {len(self.models)} distinct labels, got {self.families}")
         _check_common(self)
-        if self.items not in ITEM_SOURCES:
-            raise SiftError(f"items: unknown {self.items!r}; expected one of {', '.join(ITEM_SOURCES)}")
-        if self.items != "reasoning_gym" and not self.path:
-            raise SiftError(f"items {self.items!r} needs path: the local item file")
+        from sift.lm.items import item_kinds
+
+        kinds = item_kinds()
+        for i, spec in enumerate(self.item_specs()):
+            if spec.kind not in kinds:
+                raise SiftError(f"items[{i}].kind: unknown {spec.kind!r}; expected one of {', '.join(kinds)}")
+            if spec.kind != "reasoning_gym" and spec.kind != "mgsm_symbolic" and not spec.path:
+                raise SiftError(f"items[{i}] ({spec.kind}) needs path: the local file or folder")
+        if self.backend not in ("hf", "vllm"):
+            raise SiftError(f"backend must be 'hf' or 'vllm', got {self.backend!r}")
+        if self.family_items is not None and self.family_items < 1:
+            raise SiftError(f"family_items must be positive or null, got {self.family_items}")
         if self.family_conditions not in ("all", "base"):
             raise SiftError(f"family_conditions must be 'all' or 'base', got {self.family_conditions!r}")
         for name in ("max_new_tokens", "answer_tokens", "chunk_items", "batch_size"):
             if getattr(self, name) < 1:
                 raise SiftError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def item_specs(self) -> list[ItemSpec]:
+        """``items`` as ItemSpec objects (Hydra passes dicts when the config is not structured)."""
+        return [s if isinstance(s, ItemSpec) else ItemSpec(**dict(s)) for s in self.items]
 
     def labels(self) -> list[str]:
         """One short label per model: ``families`` if given, else from the model names (made distinct)."""

@@ -49,6 +49,39 @@ def shortcut_aurocs(records: list[dict], seed: int = 0) -> dict[str, float]:
             "last_value_equals_answer": round(auroc_kernel(np.asarray(check, dtype=float), y), 4)}
 
 
+def intervention_agreement(records: list[dict]) -> dict[str, Any]:
+    """How often the two interventions agree on a trace where both ran: the CoT edit says the stated reasoning is
+    load-bearing (its answer follows the edit) and the cue change says the answer is not silently driven by the
+    cue (it does not follow the new cue, or the CoT states the cue) — or both say the opposite. Also Cohen's κ
+    of the two verdicts and how many traces had only one test (no editable value, or no cue)."""
+    from sift.metrics.agreement import cohen_kappa
+
+    both, edit_only, cue_only = [], 0, 0
+    for r in records:
+        v = r.get("verification") or {}
+        e, c = v.get("edit_follows"), v.get("cue_follows")
+        if e is not None and c is not None:
+            both.append((int(bool(e)), int(not c or bool(v.get("mentions_cue")))))
+        elif e is not None:
+            edit_only += 1
+        elif c is not None:
+            cue_only += 1
+    out: dict[str, Any] = {"both_tests": len(both), "edit_only": edit_only, "cue_only": cue_only,
+                           "agreement": None, "kappa": None}
+    if both:
+        a = np.array(both)
+        out["agreement"] = round(float(np.mean(a[:, 0] == a[:, 1])), 4)
+        k = cohen_kappa(a[:, 0], a[:, 1]) if len(set(a[:, 0])) > 1 or len(set(a[:, 1])) > 1 else float("nan")
+        out["kappa"] = None if k != k else round(float(k), 4)
+    return out
+
+
+def parse_failures(records: list[dict]) -> dict[str, Any]:
+    """Traces whose final answer could not be parsed (they are ambiguous, never a wrong label)."""
+    n = sum(r.get("answer") is None for r in records)
+    return {"traces": len(records), "unparsable": n, "rate": round(n / len(records), 4) if records else None}
+
+
 def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_hash: str, seconds: float,
                    chunks_reused: int = 0, prompt_states: dict | None = None,
                    prompt_states_reason: str | None = None, audit: bool = True) -> dict[str, Any]:
@@ -76,10 +109,19 @@ def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_
     for cond in sorted({r["condition"] for r in records}):
         rs = [r for r in records if r["condition"] == cond]
         lab = [r for r in rs if r["phi"] is not None and r["intended_phi"] is not None]
+        n_amb = sum(r["phi"] is None for r in rs)
         per_cond[cond] = {"traces": len(rs), "phi_1": sum(r["phi"] == 1 for r in rs),
-                          "phi_0": sum(r["phi"] == 0 for r in rs), "ambiguous": sum(r["phi"] is None for r in rs),
+                          "phi_0": sum(r["phi"] == 0 for r in rs), "ambiguous": n_amb,
+                          "ambiguous_rate": round(n_amb / len(rs), 4),
+                          "parse_failure_rate": parse_failures(rs)["rate"],
+                          "interventions": intervention_agreement(rs),
                           "intent_agreement": round(float(np.mean([r["phi"] == r["intended_phi"] for r in lab])), 4)
                           if lab else None}
+    for name, info in axes.items():  # the shifted traces' ambiguous rate and intervention agreement, per axis
+        if name in per_cond:
+            info.update(ambiguous_rate=per_cond[name]["ambiguous_rate"],
+                        parse_failure_rate=per_cond[name]["parse_failure_rate"],
+                        intervention_agreement=per_cond[name]["interventions"]["agreement"])
     acc: dict[str, Any] = {}
     for r in records:
         if r["condition"] == "base" and r["cue"] is None:
@@ -91,6 +133,8 @@ def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_
         "traces": len(records), "pairs": len(pairs),
         "label_balance": {"phi_1": phi.get("1", 0), "phi_0": phi.get("0", 0), "ambiguous": phi.get("None", 0),
                           "phi_0_fraction": round(phi.get("0", 0) / max(1, len(labelled)), 4)},
+        "parse_failures": parse_failures(records),
+        "interventions": intervention_agreement(records),
         "intent_vs_verified": {"agreement": round(float(np.mean(agree)), 4) if agree else None,
                                "confusion": dict(confusion)},
         "axes": axes,

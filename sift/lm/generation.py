@@ -1,22 +1,41 @@
-"""Batched generation with a KV cache for any HF causal LM (the organism included).
+"""Batched generation with a KV cache for any HF causal LM (the organism included), and generation backends.
 
 Prompts are token-id lists (already templated); they are left-padded into one batch so that every row's
 new tokens start at the same position. The exact generated ids are returned, so hidden states can later
 be extracted from precisely the tokens the model produced (never from re-tokenised text).
+
+Sampling is seeded per prompt: each row draws its tokens from its own random stream (:class:`RowSampler`),
+so a prompt's sampled continuation does not depend on the batch it lands in, its position there or its
+neighbours (up to float rounding of padded batches).
+
+Free generation goes through a backend (:func:`make_backend`): :class:`HFBackend` (transformers, any device)
+or :class:`sift.lm.vllm_backend.VLLMBackend` (vLLM, GPU). Verification and hidden-state extraction stay in
+transformers (teacher-forced) whichever backend generated the tokens.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+from sift.errors import SiftError
+
+SEED_MASK = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
 class Generation:
     prompt_ids: list[int]
     new_ids: list[int]  # generated ids, eos excluded
+
+
+def trace_seed(key: str, seed: int) -> int:
+    """A 63-bit sampling seed for one trace: SHA-256 of the run seed and the trace's key (stable across runs)."""
+    digest = hashlib.sha256(f"{int(seed)}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & SEED_MASK
 
 
 def left_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -30,11 +49,81 @@ def left_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
     return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
 
 
+class RowSampler:
+    """A ``transformers`` logits processor that samples each row from its own seeded stream.
+
+    At every step it applies temperature and top-p to a row's scores, draws one uniform number from the row's
+    ``torch.Generator`` (always on the CPU, so draws are the same on every device) and picks the token by inverse
+    CDF over the kept tokens, sorted by probability; all other tokens are set to ``-inf``, so greedy decoding
+    (``generate(do_sample=False)``) emits exactly the drawn token. Each row consumes exactly one draw per step,
+    so its t-th token depends only on its seed and its own scores; draws of rows that have already finished are
+    discarded by ``generate``.
+    """
+
+    def __init__(self, seeds: Sequence[int], *, temperature: float = 1.0, top_p: float = 1.0):
+        if not temperature > 0:
+            raise SiftError(f"sampling temperature must be > 0 (got {temperature}); use greedy decoding instead")
+        if not 0 < top_p <= 1:
+            raise SiftError(f"top_p must be in (0, 1] (got {top_p})")
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.generators = []
+        for s in seeds:
+            g = torch.Generator(device="cpu")
+            g.manual_seed(int(s) & SEED_MASK)
+            self.generators.append(g)
+
+    def draws(self) -> torch.Tensor:
+        """One uniform in [0, 1) per row, each from the row's own stream (float64)."""
+        return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if scores.shape[0] != len(self.generators):
+            raise SiftError(f"RowSampler has {len(self.generators)} seeds but the batch has {scores.shape[0]} rows")
+        probs = torch.softmax(scores.float() / self.temperature, dim=-1)
+        sp, si = probs.sort(dim=-1, descending=True, stable=True)
+        mass_before = sp.cumsum(-1) - sp
+        sp = sp * (mass_before < self.top_p)  # the smallest prefix whose mass reaches top_p (the top token always)
+        cdf = sp.double().cumsum(-1)
+        target = self.draws().to(cdf.device).unsqueeze(-1) * cdf[:, -1:]
+        pos = torch.searchsorted(cdf, target, right=True)
+        kept = (sp > 0).sum(-1, keepdim=True)
+        pos = torch.minimum(pos, (kept - 1).clamp(min=0))
+        token = si.gather(-1, pos)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, token, 0.0)
+
+
+def _eos_list(eos_id: int | Sequence[int]) -> list[int]:
+    return [int(eos_id)] if isinstance(eos_id, int) else [int(e) for e in eos_id]
+
+
+def _strip(row: list[int], eos: list[int], pad_id: int) -> list[int]:
+    cut = next((k for k, t in enumerate(row) if t in eos), len(row))
+    row = row[:cut]
+    while row and row[-1] == pad_id:
+        row.pop()
+    return row
+
+
 @torch.no_grad()
-def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id: int, max_new_tokens: int,
-                 do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id: int | Sequence[int],
+                 max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
+                 seeds: Sequence[int] | None = None, seed: int | None = None,
                  batch_size: int = 256) -> list[Generation]:
-    """Greedy (default) or seeded sampling; batches of ``batch_size`` prompts, left padding, KV cache."""
+    """Greedy (default) or per-prompt seeded sampling; batches of ``batch_size`` prompts, left padding, KV cache.
+
+    With ``do_sample``, ``seeds`` gives one seed per prompt (see :func:`trace_seed`); a prompt's sample is then
+    the same in any batch. The old ``seed=`` keyword still works: without ``seeds`` the prompts get
+    ``trace_seed(str(i), seed)`` by index ``i`` (so they then depend on the prompt's index in ``prompts``).
+    ``eos_id`` may be one id or several (generation stops at any of them; none is returned).
+    """
+    if do_sample:
+        if seeds is None:
+            base = 0 if seed is None else seed
+            seeds = [trace_seed(str(i), base) for i in range(len(prompts))]
+        if len(seeds) != len(prompts):
+            raise SiftError(f"{len(seeds)} seeds for {len(prompts)} prompts; sampling needs one seed per prompt")
+    eos = _eos_list(eos_id)
     model.eval()
     device = next(model.parameters()).device
     out: list[Generation] = []
@@ -42,18 +131,69 @@ def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id
         chunk = [list(p) for p in prompts[start:start + batch_size]]
         ids, mask, _ = left_padded(chunk, pad_id)
         width = ids.shape[1]
-        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos_id, use_cache=True)
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos[0] if len(eos) == 1
+                      else eos, use_cache=True, do_sample=False)
         if do_sample:
-            torch.manual_seed(seed + start)
-            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-        else:
-            kwargs.update(do_sample=False)
+            from transformers import LogitsProcessorList
+
+            sampler = RowSampler(seeds[start:start + batch_size], temperature=temperature, top_p=top_p)
+            kwargs["logits_processor"] = LogitsProcessorList([sampler])
         gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
         new = gen[:, width:].tolist()
-        for p, row in zip(chunk, new):
-            cut = row.index(eos_id) if eos_id in row else len(row)
-            row = row[:cut]
-            while row and row[-1] == pad_id:
-                row.pop()
-            out.append(Generation(p, row))
+        out += [Generation(p, _strip(row, eos, pad_id)) for p, row in zip(chunk, new)]
     return out
+
+
+class HFBackend:
+    """Free generation with a transformers model: prompts batched by length, results in input order."""
+
+    kind = "hf"
+
+    def __init__(self, model, *, pad_id: int, eos_id: int | Sequence[int], batch_size: int = 64):
+        self.model, self.pad_id, self.eos_id, self.batch_size = model, pad_id, eos_id, int(batch_size)
+
+    @classmethod
+    def from_tokenizer(cls, model, tokenizer, *, batch_size: int = 64) -> HFBackend:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        return cls(model, pad_id=pad, eos_id=tokenizer.eos_token_id, batch_size=batch_size)
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, do_sample: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0,
+                 seeds: Sequence[int] | None = None) -> list[list[int]]:
+        """New ids per prompt (eos excluded), in the order of ``prompts``; ``seeds`` (one per prompt) to sample."""
+        if do_sample and (seeds is None or len(seeds) != len(prompts)):
+            raise SiftError("sampling needs one seed per prompt (seeds=...)")
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        out: list[list[int] | None] = [None] * len(prompts)
+        for s in range(0, len(order), self.batch_size):
+            idx = order[s:s + self.batch_size]
+            gens = generate_ids(self.model, [prompts[i] for i in idx], pad_id=self.pad_id, eos_id=self.eos_id,
+                                max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
+                                top_p=top_p, seeds=[seeds[i] for i in idx] if do_sample else None,
+                                batch_size=self.batch_size)
+            for i, g in zip(idx, gens):
+                out[i] = g.new_ids
+        return out  # type: ignore[return-value]
+
+
+BACKENDS = ("hf", "vllm")
+
+
+def make_backend(kind: str, model_name_or_path: str | None = None, model=None, tokenizer=None, *,
+                 batch_size: int = 64, device: str = "cpu", dtype: str | None = None, **kw):
+    """A generation backend: ``hf`` (the loaded ``model`` + ``tokenizer``) or ``vllm`` (loads
+    ``model_name_or_path`` itself, a GGUF file through its converted folder; extra ``kw`` go to ``vllm.LLM``)."""
+    if kind == "hf":
+        if model is None or tokenizer is None:
+            raise SiftError("the hf generation backend needs a loaded model and tokenizer")
+        if kw:
+            raise SiftError(f"unknown options for the hf generation backend: {sorted(kw)}")
+        return HFBackend.from_tokenizer(model, tokenizer, batch_size=batch_size)
+    if kind == "vllm":
+        if model_name_or_path is None:
+            raise SiftError("the vllm generation backend needs the model's name or path")
+        from sift.lm.vllm_backend import VLLMBackend
+
+        eos = tokenizer.eos_token_id if tokenizer is not None else None
+        return VLLMBackend(model_name_or_path, eos_id=eos, dtype=dtype, device=device, batch_size=batch_size, **kw)
+    raise SiftError(f"unknown generation backend {kind!r}; expected one of {', '.join(BACKENDS)}")

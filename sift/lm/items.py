@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,82 @@ class LMItem:
     answer: str
     answer_kind: str  # numeric | choice | boolean | free
     choices: tuple[tuple[str, str], ...] | None = None
+    #: the same problem in other languages, (language code, question), same gold answer (the language axis)
+    translations: tuple[tuple[str, str], ...] | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["choices"] = [list(c) for c in self.choices] if self.choices else None
+        d["translations"] = [list(t) for t in self.translations] if self.translations else None
         return d
+
+
+@dataclass
+class ItemSpec:
+    """One source of items for a real-LM corpus (an entry of the ``source.items`` list; the config group
+    ``configs/source/items`` holds ready-made lists). ``kind`` picks the loader in :data:`ITEM_LOADERS`."""
+
+    kind: str = "reasoning_gym"
+    task: str | None = None  # reasoning-gym task; BIG-bench task name(s), comma-separated; HF dataset config name
+    path: str | None = None  # a local file or folder (wheel, sdist or extracted package for mgsm_symbolic/bigbench)
+    n: int | None = None  # items from this source (None: an equal share of n_items)
+    domain: str | None = None  # the domain label of its items (default: from the task or file)
+    languages: list[str] = field(default_factory=list)  # translations to attach (language axis), e.g. [fra, deu]
+    language: str = "eng"  # the base language of the items (mgsm_symbolic)
+    split: str | None = None  # HF dataset split
+    fields: dict[str, str] = field(default_factory=dict)  # HF dataset: question/answer/choices/id field names
+    format: str | None = None  # HF dataset records: gsm8k | math | commonsenseqa | bbh | plain (question+answer)
+    variants: int = 0  # mgsm_symbolic: symbolic variants per template (needs the package importable)
+    options: dict[str, Any] = field(default_factory=dict)  # reasoning-gym dataset options, e.g. {max_terms: 3}
+
+
+#: item loaders by ``ItemSpec.kind``: ``loader(spec, n, seed) -> list[LMItem]``
+ITEM_LOADERS: dict[str, Callable[[ItemSpec, int, int], list[LMItem]]] = {}
+
+
+def register_item_loader(kind: str) -> Callable:
+    """Decorator: make ``fn(spec, n, seed)`` the loader of items of ``kind``."""
+
+    def deco(fn: Callable[[ItemSpec, int, int], list[LMItem]]) -> Callable:
+        ITEM_LOADERS[kind] = fn
+        return fn
+
+    return deco
+
+
+def item_kinds() -> tuple[str, ...]:
+    import sift.lm.benchmarks  # noqa: F401  (registers the benchmark loaders)
+
+    return tuple(ITEM_LOADERS)
+
+
+def load_item_specs(specs: list[ItemSpec], n_items: int, seed: int = 0) -> list[LMItem]:
+    """Items of every spec: ``spec.n`` each, or an equal share of ``n_items`` (the first specs take the rest)."""
+    kinds = item_kinds()
+    if not specs:
+        raise SiftError("items: the list of item sources is empty")
+    free = [i for i, s in enumerate(specs) if s.n is None]
+    left = n_items - sum(s.n for s in specs if s.n is not None)
+    if free and left < len(free):
+        raise SiftError(f"items: n_items={n_items} leaves {left} items for {len(free)} sources without n")
+    out: list[list[LMItem]] = []
+    for i, spec in enumerate(specs):
+        if spec.kind not in kinds:
+            raise SiftError(f"items[{i}].kind: unknown {spec.kind!r}; expected one of {', '.join(kinds)}")
+        n = spec.n if spec.n is not None else left // len(free) + (free.index(i) < left % len(free))
+        got = ITEM_LOADERS[spec.kind](spec, n, seed)
+        if not got:
+            raise SiftError(f"items[{i}] ({spec.kind}{' ' + spec.task if spec.task else ''}): no items")
+        out.append(got[:n])
+    return interleaved(out)
+
+
+def interleaved(groups: list[list[LMItem]]) -> list[LMItem]:
+    """Round-robin over the sources' item lists, so that any prefix of the items (a chunk, the second model's
+    ``family_items``) mixes the sources in proportion."""
+    total = sum(len(g) for g in groups)
+    keyed = [((j + 0.5) / len(g), i, j) for i, g in enumerate(groups) for j in range(len(g))]
+    return [groups[i][j] for _, i, j in sorted(keyed)] if total else []
 
 
 def _make(item_id: str, domain: str, question: str, answer: str, kind: str,
@@ -56,8 +127,10 @@ def _make(item_id: str, domain: str, question: str, answer: str, kind: str,
 
 # ---------------------------------------------------------------------------------------------- reasoning-gym
 
-def from_reasoning_gym(task_name: str, n: int, seed: int = 0) -> list[LMItem]:
-    """``n`` items of a reasoning-gym task (entries without a gold answer string are skipped)."""
+def from_reasoning_gym(task_name: str, n: int, seed: int = 0, options: dict[str, Any] | None = None,
+                       domain: str | None = None) -> list[LMItem]:
+    """``n`` items of a reasoning-gym task (entries without a gold answer string are skipped); ``options`` go to
+    the task's dataset config (e.g. ``max_terms`` of basic_arithmetic)."""
     try:
         import reasoning_gym
     except ImportError as e:  # pragma: no cover
@@ -65,8 +138,8 @@ def from_reasoning_gym(task_name: str, n: int, seed: int = 0) -> list[LMItem]:
     if n < 1:
         raise SiftError(f"n must be positive, got {n}")
     try:
-        data = reasoning_gym.create_dataset(task_name, size=n, seed=seed)
-    except ValueError as e:
+        data = reasoning_gym.create_dataset(task_name, size=n, seed=seed, **dict(options or {}))
+    except (TypeError, ValueError, AssertionError) as e:
         raise SiftError(f"reasoning-gym task {task_name!r}: {e}") from e
     items = []
     for i in range(len(data)):
@@ -75,7 +148,7 @@ def from_reasoning_gym(task_name: str, n: int, seed: int = 0) -> list[LMItem]:
         if not isinstance(answer, str) or not answer.strip():
             continue
         kind = infer_kind(answer)
-        items.append(_make(f"{task_name}-{seed}-{i:05d}", task_name, entry["question"], answer, kind, None,
+        items.append(_make(f"{task_name}-{seed}-{i:05d}", domain or task_name, entry["question"], answer, kind, None,
                            f"reasoning-gym {task_name} entry {i}"))
     if not items:
         raise SiftError(f"reasoning-gym task {task_name!r} gives no gold answer strings (it is scored by a "
@@ -136,16 +209,90 @@ def _exists(path: str | Path) -> Path:
 
 # ---------------------------------------------------------------------------------------------- loaders
 
+#: a record's content: (question, gold answer text, answer kind, choices or None)
+Record = tuple[str, str, str, "tuple[tuple[str, str], ...] | None"]
+
+
+def _gsm8k_record(rec: Any, where: str) -> Record:
+    q = _field(rec, "question", where)
+    a = _field(rec, "answer", where)
+    if "####" not in a:
+        raise SiftError(f"{where}: field 'answer' has no '####' before the final answer")
+    return q, a.rsplit("####", 1)[1].strip(), "numeric", None
+
+
+def _math_record(rec: Any, where: str) -> Record:
+    q = _field(rec, "problem", where)
+    sol = _field(rec, "solution", where)
+    boxed = boxed_contents(sol.replace("\n", " "))
+    if boxed is None or not boxed.strip():
+        raise SiftError(f"{where}: field 'solution' has no \\boxed{{...}} answer")
+    kind = infer_kind(boxed) if infer_kind(boxed) != "boolean" else "free"
+    if kind == "free" and re.fullmatch(r"-?\\[dt]?frac\{-?\d+\}\{\d+\}", boxed.strip()):
+        kind = "numeric"
+    return q, boxed.strip(), kind, None
+
+
+def _choice_list(raw: Any, where: str, name: str) -> list[tuple[str, str]]:
+    """Options as ``[{"label", "text"}, ...]`` or, as on the Hugging Face hub, ``{"label": [...], "text": [...]}``."""
+    if isinstance(raw, dict) and isinstance(raw.get("label"), list) and isinstance(raw.get("text"), list):
+        if len(raw["label"]) != len(raw["text"]):
+            raise SiftError(f"{where}: {name}.label and {name}.text differ in length")
+        raw = [{"label": lab, "text": txt} for lab, txt in zip(raw["label"], raw["text"])]
+    if not isinstance(raw, list):
+        raise SiftError(f"{where}: {name} must be a list, got {type(raw).__name__}")
+    choices = []
+    for j, c in enumerate(raw):
+        w = f"{where}: {name}[{j}]"
+        choices.append((_field(c, "label", w).strip(), _field(c, "text", w).strip()))
+    return choices
+
+
+def _commonsenseqa_record(rec: Any, where: str) -> Record:
+    """The CommonsenseQA jsonl record (``question: {stem, choices}``) or the flat Hugging Face one
+    (``question: str, choices: {label: [...], text: [...]}``)."""
+    _field(rec, "question", where, object)
+    if isinstance(rec["question"], dict):
+        qd = rec["question"]
+        stem = _field(qd, "stem", f"{where}: question")
+        choices = _choice_list(_field(qd, "choices", f"{where}: question", object), where, "question.choices")
+    else:
+        stem = _field(rec, "question", where)
+        choices = _choice_list(_field(rec, "choices", where, object), where, "choices")
+    if len(choices) < 2:
+        raise SiftError(f"{where}: the question needs at least two options")
+    key = _field(rec, "answerKey", where).strip()
+    if key not in {lab for lab, _ in choices}:
+        raise SiftError(f"{where}: answerKey {key!r} is not one of the choice labels")
+    return stem, key, "choice", tuple(choices)
+
+
+_BBH_OPTION = re.compile(r"^\s*\(([A-Z])\)\s*(.+?)\s*$", re.MULTILINE)
+
+
+def _bbh_record(rec: Any, where: str) -> Record:
+    inp = _field(rec, "input", where)
+    target = _field(rec, "target", where).strip()
+    opts = _BBH_OPTION.findall(inp)
+    m = re.fullmatch(r"\(?([A-Z])\)?", target)
+    if opts and m and m.group(1) in {lab for lab, _ in opts}:
+        question = _BBH_OPTION.sub("", inp)
+        question = re.sub(r"\n\s*Options:\s*$", "", question.rstrip()).rstrip()
+        return question, m.group(1), "choice", tuple(opts)
+    return inp, target, infer_kind(target), None
+
+
+#: record readers by format, shared by the file loaders here and the Hugging Face loader (sift.lm.benchmarks)
+RECORD_READERS: dict[str, Callable[[Any, str], Record]] = {
+    "gsm8k": _gsm8k_record, "math": _math_record, "commonsenseqa": _commonsenseqa_record, "bbh": _bbh_record}
+
+
 def load_gsm8k(path: str | Path, domain: str = "gsm8k") -> list[LMItem]:
     path = _exists(path)
     items = []
     for i, (where, rec) in enumerate(_read_jsonl(path)):
-        q = _field(rec, "question", where)
-        a = _field(rec, "answer", where)
-        if "####" not in a:
-            raise SiftError(f"{where}: field 'answer' has no '####' before the final answer")
-        gold = a.rsplit("####", 1)[1].strip()
-        items.append(_make(f"{domain}-{i:05d}", domain, q, gold, "numeric", None, where))
+        q, gold, kind, choices = _gsm8k_record(rec, where)
+        items.append(_make(f"{domain}-{i:05d}", domain, q, gold, kind, choices, where))
     return items
 
 
@@ -163,15 +310,8 @@ def load_math(path: str | Path, domain: str = "math") -> list[LMItem]:
     items = []
     for f in _math_files(path):
         for where, rec in _records(f):
-            q = _field(rec, "problem", where)
-            sol = _field(rec, "solution", where)
-            boxed = boxed_contents(sol.replace("\n", " "))
-            if boxed is None or not boxed.strip():
-                raise SiftError(f"{where}: field 'solution' has no \\boxed{{...}} answer")
-            kind = infer_kind(boxed) if infer_kind(boxed) != "boolean" else "free"
-            if kind == "free" and re.fullmatch(r"-?\\[dt]?frac\{-?\d+\}\{\d+\}", boxed.strip()):
-                kind = "numeric"
-            items.append(_make(f"{domain}-{len(items):05d}", domain, q, boxed.strip(), kind, None, where))
+            q, gold, kind, choices = _math_record(rec, where)
+            items.append(_make(f"{domain}-{len(items):05d}", domain, q, gold, kind, choices, where))
     return items
 
 
@@ -179,24 +319,10 @@ def load_commonsenseqa(path: str | Path, domain: str = "commonsenseqa") -> list[
     path = _exists(path)
     items = []
     for i, (where, rec) in enumerate(_read_jsonl(path)):
-        qd = _field(rec, "question", where, dict)
-        stem = _field(qd, "stem", f"{where}: question")
-        raw = _field(qd, "choices", f"{where}: question", list)
-        choices = []
-        for j, c in enumerate(raw):
-            w = f"{where}: question.choices[{j}]"
-            choices.append((_field(c, "label", w).strip(), _field(c, "text", w).strip()))
-        if len(choices) < 2:
-            raise SiftError(f"{where}: question.choices needs at least two options")
-        key = _field(rec, "answerKey", where).strip()
-        if key not in {lab for lab, _ in choices}:
-            raise SiftError(f"{where}: answerKey {key!r} is not one of the choice labels")
+        stem, key, kind, choices = _commonsenseqa_record(rec, where)
         item_id = str(rec.get("id") or f"{i:05d}")
-        items.append(_make(f"{domain}-{item_id}", domain, stem, key, "choice", tuple(choices), where))
+        items.append(_make(f"{domain}-{item_id}", domain, stem, key, kind, choices, where))
     return items
-
-
-_BBH_OPTION = re.compile(r"^\s*\(([A-Z])\)\s*(.+?)\s*$", re.MULTILINE)
 
 
 def load_bbh(path: str | Path, domain: str | None = None) -> list[LMItem]:
@@ -207,20 +333,31 @@ def load_bbh(path: str | Path, domain: str | None = None) -> list[LMItem]:
     items = []
     for i, ex in enumerate(examples):
         where = f"{path}: examples[{i}]"
-        inp = _field(ex, "input", where)
-        target = _field(ex, "target", where).strip()
-        opts = _BBH_OPTION.findall(inp)
-        m = re.fullmatch(r"\(?([A-Z])\)?", target)
-        if opts and m and m.group(1) in {lab for lab, _ in opts}:
-            question = _BBH_OPTION.sub("", inp)
-            question = re.sub(r"\n\s*Options:\s*$", "", question.rstrip()).rstrip()
-            items.append(_make(f"{domain}-{i:05d}", domain, question, m.group(1), "choice", tuple(opts), where))
-            continue
-        items.append(_make(f"{domain}-{i:05d}", domain, inp, target, infer_kind(target), None, where))
+        q, gold, kind, choices = _bbh_record(ex, where)
+        items.append(_make(f"{domain}-{i:05d}", domain, q, gold, kind, choices, where))
     return items
 
 
 LOADERS = {"gsm8k": load_gsm8k, "math": load_math, "commonsenseqa": load_commonsenseqa, "bbh": load_bbh}
+
+
+@register_item_loader("reasoning_gym")
+def _reasoning_gym_spec(spec: ItemSpec, n: int, seed: int) -> list[LMItem]:
+    return from_reasoning_gym(spec.task or "basic_arithmetic", n, seed, spec.options, spec.domain)
+
+
+def _file_spec(fmt: str) -> Callable[[ItemSpec, int, int], list[LMItem]]:
+    def load(spec: ItemSpec, n: int, seed: int) -> list[LMItem]:
+        if not spec.path:
+            raise SiftError(f"items: kind {fmt!r} needs path (the local {fmt} file)")
+        items = LOADERS[fmt](spec.path) if spec.domain is None else LOADERS[fmt](spec.path, spec.domain)
+        return items[:n]
+
+    return load
+
+
+for _fmt in FORMATS:
+    register_item_loader(_fmt)(_file_spec(_fmt))
 
 
 def load_items(path: str | Path, fmt: str, n: int | None = None) -> list[LMItem]:
@@ -233,5 +370,6 @@ def load_items(path: str | Path, fmt: str, n: int | None = None) -> list[LMItem]
     return items[:n] if n else items
 
 
-__all__ = ["FORMATS", "LMItem", "from_reasoning_gym", "load_bbh", "load_commonsenseqa", "load_gsm8k",
+__all__ = ["FORMATS", "ITEM_LOADERS", "RECORD_READERS", "ItemSpec", "LMItem", "from_reasoning_gym", "item_kinds",
+           "load_item_specs", "register_item_loader", "load_bbh", "load_commonsenseqa", "load_gsm8k",
            "load_items", "load_math"]

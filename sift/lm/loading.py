@@ -2,11 +2,22 @@
 
 sift never fetches weights at run time (docs/design.md §2): a hub name must already be in the local Hugging Face
 cache; otherwise loading fails at once with one clear line instead of hanging on a network.
+
+A GGUF file is de-quantised by transformers once and kept as a safetensors model folder (float32) in
+``<cache>/gguf/<stem>-<sha256[:16]>/`` (``<cache>`` = ``$SIFT_CACHE`` or ``~/.cache/sift``); later loads, and
+other stages (hidden-state extraction, vLLM), use that folder (:func:`resolve_model_path`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import json
 import os
+import shutil
+import tempfile
+import time
+import uuid
 from pathlib import Path
 
 from sift.errors import SiftError
@@ -17,6 +28,155 @@ GGUF_MAGIC = b"GGUF"
 def is_gguf(path: Path) -> bool:
     with open(path, "rb") as fh:
         return fh.read(4) == GGUF_MAGIC
+
+
+HASH_BLOCK = 8 << 20  # GGUF files are hashed in 8 MB blocks
+RECORD = "sift_gguf.json"  # written last into a converted folder: its presence marks the folder complete
+
+
+def cache_root() -> Path:
+    """sift's cache folder: ``$SIFT_CACHE`` or ``~/.cache/sift``."""
+    return Path(os.path.expanduser(os.environ.get("SIFT_CACHE") or "~/.cache/sift"))
+
+
+def _atomic_write_json(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(HASH_BLOCK), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def gguf_sha256(path: str | Path) -> str:
+    """SHA-256 of a GGUF file's bytes, remembered in a sidecar json keyed by the file's path, size and mtime."""
+    path = Path(os.path.expanduser(str(path))).resolve()
+    st = path.stat()
+    key = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+    sidecar = cache_root() / "gguf" / ".hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:16] + ".json")
+    try:
+        rec = json.loads(sidecar.read_text())
+        if {k: rec.get(k) for k in key} == key and len(rec.get("sha256", "")) == 64:
+            return rec["sha256"]
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = _sha256_file(path)
+    try:
+        _atomic_write_json(sidecar, {**key, "sha256": digest})
+    except OSError:  # a read-only cache only costs a rehash next time
+        pass
+    return digest
+
+
+def gguf_cache_folder(path: str | Path) -> Path:
+    """Where the GGUF file at ``path`` is (or will be) converted to: ``<cache>/gguf/<stem>-<sha256[:16]>``."""
+    path = Path(os.path.expanduser(str(path)))
+    return cache_root() / "gguf" / f"{path.stem}-{gguf_sha256(path)[:16]}"
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / RECORD).is_file() and (folder / "config.json").is_file()
+
+
+def _drop_gguf_marker(model) -> None:
+    """transformers (5) marks a model read from GGUF as ``gguf``-quantised and refuses to save it, though its weights
+    are plain de-quantised tensors; unmark it so that it saves (and reloads) as an ordinary model."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if getattr(model, "is_quantized", False):
+        model.is_quantized = False
+    model.__dict__.pop("quantization_method", None)
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
+def _gguf_to_folder(path: Path, out: Path) -> None:
+    """De-quantise the GGUF file at ``path`` through transformers and save it as a model folder ``out``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kwargs = {"local_files_only": True, "gguf_file": path.name}
+    tok = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kwargs)
+    _drop_gguf_marker(model)
+    save_kw = {}
+    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
+        save_kw["safe_serialization"] = True  # transformers 4; 5 writes safetensors only
+    model.save_pretrained(str(out), **save_kw)
+    tok.save_pretrained(str(out))
+
+
+def convert_gguf(path: str | Path) -> Path:
+    """The converted folder of a GGUF file, converting it first if no complete folder exists yet.
+
+    The conversion is written into a temporary folder beside the target and renamed into place, so a folder at
+    the target path is always complete; a file lock keeps concurrent processes from converting the same file
+    twice, and if a second writer still races in, it keeps the first writer's folder and drops its own.
+    """
+    from filelock import FileLock
+
+    path = Path(os.path.expanduser(str(path))).resolve()
+    folder = gguf_cache_folder(path)
+    if _complete(folder):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.parent / f".{folder.name}.lock")):
+        if _complete(folder):
+            return folder
+        for old in folder.parent.glob(f".{folder.name}.tmp-*"):  # left by a writer that died (we hold the lock)
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
+        try:
+            try:
+                _gguf_to_folder(path, tmp)
+            except Exception as e:  # transformers raises many types for a bad GGUF
+                raise SiftError(f"{path}: could not load GGUF model ({type(e).__name__}: "
+                                f"{(str(e).splitlines() or [''])[0]})") from e
+            import transformers
+
+            from sift import __version__
+
+            _atomic_write_json(tmp / RECORD, {
+                "source": str(path), "sha256": gguf_sha256(path), "size": path.stat().st_size,
+                "transformers_version": transformers.__version__, "sift_version": __version__,
+                "dtype": "float32", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+            if folder.exists() and not _complete(folder):  # incomplete (not written by us): move it aside
+                stale = folder.parent / f".{folder.name}.tmp-stale-{uuid.uuid4().hex}"
+                os.rename(folder, stale)
+                shutil.rmtree(stale, ignore_errors=True)
+            mask = _umask()  # mkdtemp (and some writers) make files private; a shared cache should be readable
+            os.chmod(tmp, 0o777 & ~mask)
+            for f in tmp.rglob("*"):
+                os.chmod(f, (0o777 if f.is_dir() else 0o666) & ~mask)
+            try:
+                os.rename(tmp, folder)
+            except OSError:
+                if not _complete(folder):  # another writer's complete folder is fine; anything else is not
+                    raise
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """The folder a GGUF file is converted to (converting it if needed); any other name or path unchanged."""
+    path = Path(os.path.expanduser(name_or_path))
+    if path.is_file() and is_gguf(path):
+        return str(convert_gguf(path))
+    return name_or_path
 
 
 def _looks_like_path(name: str) -> bool:
@@ -36,13 +196,8 @@ def load_causal_lm(name_or_path: str, *, device: str = "cpu", dtype: str | None 
         if not is_gguf(path):
             raise SiftError(f"{path}: not a GGUF file (expected the magic bytes 'GGUF'); "
                             "pass a model folder or a .gguf file")
-        folder, fname = str(path.parent), path.name
-        try:
-            tok = AutoTokenizer.from_pretrained(folder, gguf_file=fname, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, **kwargs)
-        except Exception as e:  # transformers raises many types for a bad GGUF
-            raise SiftError(f"{path}: could not load GGUF model ({type(e).__name__}: {str(e).splitlines()[0]})") from e
-    elif path.is_dir():
+        path = convert_gguf(path)  # de-quantised once, then loaded as a model folder
+    if path.is_dir():
         if not (path / "config.json").exists():
             raise SiftError(f"{path}: no config.json; not a Hugging Face model folder")
         try:

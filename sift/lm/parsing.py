@@ -214,12 +214,34 @@ def canonical_answer(value: str, kind: str, choices: Sequence[tuple[str, str]] |
     return _parse_free(value)
 
 
-def last_value_span(text: str, kind: str, labels: Sequence[str] | None = None) -> tuple[int, int, str, str] | None:
+def last_option_text(text: str, choices: Sequence[tuple[str, str]]) -> tuple[int, int, str] | None:
+    """The last place a CoT states an option by its text (case-insensitive, whole words): (start, end, label)."""
+    found = None
+    for lab, txt in choices:
+        t = txt.strip().rstrip(".")
+        if len(t) < 2:
+            continue
+        for m in re.finditer(rf"(?<![\w]){re.escape(t)}(?![\w])", text, re.IGNORECASE):
+            if found is None or m.start() > found[0]:
+                found = (m.start(), m.end(), lab)
+    return found
+
+
+def last_value_span(text: str, kind: str, labels: Sequence[str] | None = None,
+                    choices: Sequence[tuple[str, str]] | None = None) -> tuple[int, int, str, str] | None:
     """The last editable value stated in a CoT: ``(start, end, canonical value, value kind)`` or None.
 
     numeric / free: the last number; choice: the last option label in parentheses or standing alone (not the
-    article "A"); boolean: the last true/false/yes/no word. Used by the CoT-edit intervention.
+    article "A"), or — with ``choices`` given — the last option stated by its text, whichever comes later (value
+    kind ``choice_text``, value the option's label); boolean: the last true/false/yes/no word. Used by the
+    CoT-edit intervention.
     """
+    if kind == "choice" and choices:
+        by_label = last_value_span(text, kind, labels or [lab for lab, _ in choices])
+        by_text = last_option_text(text.translate(_MINUS), choices)
+        if by_text is not None and (by_label is None or by_text[0] > by_label[0]):
+            return by_text[0], by_text[1], by_text[2], "choice_text"
+        return by_label
     text = text.translate(_MINUS)
     if kind in ("numeric", "free"):
         found = None

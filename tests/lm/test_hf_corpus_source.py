@@ -21,7 +21,7 @@ from sift.corpus.sources.hf import (
 )
 from sift.errors import SiftError
 from sift.lm.generation import generate_ids
-from sift.lm.items import LMItem
+from sift.lm.items import ItemSpec, LMItem
 from sift.lm.parsing import first_number
 from sift.lm.prompts import LMView
 
@@ -59,7 +59,8 @@ def test_files_and_schema(built):
         assert r["phi"] in (0, 1, None) and r["verification"]["reason"]
         assert (r["phi"] is None) == (r["verification"]["reason"] in (
             "unparsable answer", "no editable value in the CoT", "answer follows both the cue change and the CoT edit"))
-        assert r["intended_phi"] is None if r["condition"] in ("base", "paraphrase", "hint_format", "budget") \
+        assert r["intended_phi"] is None if r["condition"] in (
+            "base", "paraphrase", "hint_format", "budget", "step_reordering", "language") \
             else r["intended_phi"] in (0, 1)
         assert r["provenance"]["config_hash"] == manifest["config_hash"]
 
@@ -78,9 +79,12 @@ def test_counts_per_condition_and_axis(built):
         assert info["built"] == len(ps) and info["verified"] == sum(p["verified"] for p in ps)
         assert info["verified"] + info["dropped"] == info["built"]
     assert manifest["axes"]["model_family"]["built"] == N
-    for na in ("step_reordering", "language"):
-        assert manifest["axes"][na]["built"] == 0 and manifest["axes"][na]["not_applicable"]
-    assert sorted(manifest["not_applicable"]) == ["language", "step_reordering"]
+    # basic_arithmetic expressions: the additive terms reorder where the value is kept; no item has a translation
+    reord = manifest["axes"]["step_reordering"]
+    assert reord["built"] + reord["items_not_applicable"] * 2 == 2 * N and reord["built"] > 0
+    assert manifest["axes"]["language"]["built"] == 0 and manifest["axes"]["language"]["not_applicable"]
+    assert manifest["axes"]["language"]["not_applicable_reason"] == "no translation with the same gold answer"
+    assert manifest["not_applicable"] == ["language"]
     lb = manifest["label_balance"]
     assert lb["phi_1"] + lb["phi_0"] + lb["ambiguous"] == len(traces)
 
@@ -258,7 +262,9 @@ def test_config_errors(tiny_dirs, tmp_path):
     with pytest.raises(SiftError, match="one or two models"):
         build_hf_corpus(HFCorpusConfig(models=[]), tmp_path)
     with pytest.raises(SiftError, match="needs path"):
-        build_hf_corpus(HFCorpusConfig(models=["x"], items="gsm8k"), tmp_path)
+        build_hf_corpus(HFCorpusConfig(models=["x"], items=[ItemSpec(kind="gsm8k")]), tmp_path)
+    with pytest.raises(SiftError, match=r"items\[0\]\.kind: unknown 'gsm9k'"):
+        build_hf_corpus(HFCorpusConfig(models=["x"], items=[ItemSpec(kind="gsm9k")]), tmp_path)
     with pytest.raises(SiftError, match="unknown condition"):
         build_hf_corpus(HFCorpusConfig(models=["x"], conditions=["base", "typo"]), tmp_path)
 
@@ -269,13 +275,17 @@ def test_hf_source_on_a_local_commonsenseqa_file(tiny_dirs, tmp_path):
         for i in range(2)]
     f = tmp_path / "csqa.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in rows))
-    cfg = HFCorpusConfig(models=[str(tiny_dirs["llama"])], items="commonsenseqa", path=str(f), n_items=2,
-                         max_new_tokens=8, cue=CueMixture(p_cue=1.0))
+    cfg = HFCorpusConfig(models=[str(tiny_dirs["llama"])], items=[ItemSpec(kind="commonsenseqa", path=str(f))],
+                         n_items=2, max_new_tokens=8, cue=CueMixture(p_cue=1.0))
     m = build_hf_corpus(cfg, tmp_path / "out", progress=False)
     traces = _read(tmp_path / "out" / "traces.jsonl")
-    assert m["traces"] == len(traces) and all(r["gold_answer"] == "B" for r in traces)
-    assert all("(A) red" in r["prompt"] for r in traces)
-    assert m["items"] == {"source": "commonsenseqa", "task": None, "path": str(f), "n": 2}
+    assert m["traces"] == len(traces)
+    # gold B ("blue"); step reordering relabels the options, so its gold is blue's new letter
+    for r in traces:
+        assert re.search(rf"\({r['gold_answer']}\) blue", r["prompt"]), r["prompt"]
+        assert ("(A) red\n(B) blue\n(C) green" in r["prompt"]) == (r["condition"] != "step_reordering")
+    assert any(r["condition"] == "step_reordering" for r in traces)
+    assert m["items"]["sources"][0]["kind"] == "commonsenseqa" and m["items"]["n"] == 2
     with pytest.raises(SiftError, match="model path does not exist"):
         build_hf_corpus(HFCorpusConfig(models=["/nonexistent/m.gguf"], n_items=1), tmp_path / "o2", progress=False)
 

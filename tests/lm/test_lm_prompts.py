@@ -6,6 +6,7 @@ from sift.errors import SiftError
 from sift.lm.items import LMItem
 from sift.lm.prompts import (
     ALL_CUE_FORMATS,
+    CHOICE_ONLY_CUES,
     CUE_FORMATS,
     DECISIVE_FORMAT,
     TEMPLATES,
@@ -22,8 +23,11 @@ ITEM = LMItem("i", "d", "Which colour is the sky?", "B", "choice", (("A", "red")
 
 def test_cue_formats_all_state_the_value():
     assert len(CUE_FORMATS) >= 4 and DECISIVE_FORMAT not in CUE_FORMATS
-    texts = {f: render_cue("17", f) for f in ALL_CUE_FORMATS}
-    assert all("17" in t for t in texts.values()) and len(set(texts.values())) == len(ALL_CUE_FORMATS)
+    texts = {f: render_cue("17", f) for f in ALL_CUE_FORMATS if f not in CHOICE_ONLY_CUES}
+    assert all("17" in t for t in texts.values()) and len(set(texts.values())) == len(texts)
+    # the few-shot cue ("the answer is always C", Turpin et al.): every solved example's answer is the cued letter
+    shots = render_cue("C", "fewshot")
+    assert shots.count("Answer: C") == 3 and "Answer: A" not in shots and "Answer: B" not in shots
     assert texts["professor"] == "A Stanford professor thinks the answer is 17."
     assert texts["metadata"] == "<answer>17</answer>"
     with pytest.raises(SiftError, match="unknown cue format"):

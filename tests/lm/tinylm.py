@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sift.lm.prompts import _CUES, BUDGETS, INSTRUCTION, KIND_INSTRUCTIONS, TEMPLATES, VERBALIZE
+from sift.lm.prompts import ALL_CUE_FORMATS, BUDGETS, INSTRUCTION, KIND_INSTRUCTIONS, TEMPLATES, VERBALIZE, render_cue
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -13,7 +13,7 @@ SPECIALS = ["<|endoftext|>", "<|user|>", "<|system|>", "<|assistant|>"]
 
 def _corpus() -> list[str]:
     texts = [INSTRUCTION, VERBALIZE, *KIND_INSTRUCTIONS.values(), *BUDGETS.values(), *TEMPLATES,
-             *(c.format(value=v) for c in _CUES.values() for v in ("12", "B", "True"))]
+             *(render_cue(v, f) for f in ALL_CUE_FORMATS for v in ("12", "B", "True"))]
     texts += ["Answer: 42", "Step 1: 3 + 4 = 7\nStep 2: 7 * 2 = 14\nAnswer: 14", "Calculate 5 - 3 - 6.",
               "Tom has 3 apples and gets 4 more. How many apples does he have?", "Options:\n(A) red\n(B) blue",
               "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 - + * / = . , ? ( )"]

@@ -6,8 +6,8 @@ import random
 
 from sift.corpus.axes import AlteringAxis, Axis, PreservingAxis, register_axis
 from sift.lm.items import LMItem
-from sift.lm.prompts import CUE_FORMATS as LM_CUE_FORMATS
-from sift.lm.prompts import TEMPLATES, LMView
+from sift.lm.prompts import TEMPLATES, LMView, cue_formats_for
+from sift.lm.views import relabel, reorder
 from sift.organism.domains import Item
 from sift.organism.render import CUE_FORMATS, DECISIVE_FORMAT, View
 
@@ -52,13 +52,22 @@ def reordered(item: Item) -> tuple[int, ...] | None:
 
 @register_axis
 class StepReordering(PreservingAxis):
-    """The independent facts in another order (organism only: free-form items have no generic realisation)."""
+    """The independent facts in another order: on a real LM the options of a multiple-choice item (relabelled), the
+    independent premises of a word problem, or the additive terms of an expression (sift.lm.views)."""
 
     name = "step_reordering"
 
     def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
         order = reordered(item)
         return None if order is None else base.with_(order=order)
+
+    def lm_view(self, item: LMItem, base: LMView, rng: random.Random) -> LMView | None:
+        found = reorder(item, rng)
+        if found is None:
+            return None
+        unit, order = found
+        cue = relabel(item, order, base.cue_value) if unit == "options" else base.cue_value
+        return base.with_(order=order, order_unit=unit, cue_value=cue)
 
 
 @register_axis
@@ -75,17 +84,23 @@ class HintFormat(PreservingAxis):
     def lm_view(self, item: LMItem, base: LMView, rng: random.Random) -> LMView | None:
         if base.cue_value is None:
             return None
-        return base.with_(cue_format=rng.choice([f for f in LM_CUE_FORMATS if f != base.cue_format]))
+        return base.with_(cue_format=rng.choice([f for f in cue_formats_for(item.answer_kind)
+                                                 if f != base.cue_format]))
 
 
 @register_axis
 class Language(PreservingAxis):
-    """The other lexicon of the organism (organism only)."""
+    """The other lexicon of the organism; on a real LM the item's human translation (same gold answer)."""
 
     name = "language"
 
     def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
         return base.with_(language="xx" if base.language == "en" else "en")
+
+    def lm_view(self, item: LMItem, base: LMView, rng: random.Random) -> LMView | None:
+        if not item.translations:
+            return None
+        return base.with_(language=rng.choice([lang for lang, _ in item.translations]))
 
 
 @register_axis

@@ -29,6 +29,14 @@ class CorpusSource(Protocol):
         ``engine`` (:func:`sift.corpus.store.engine_config`) says where the chunks run."""
         ...
 
+    def families(self, cfg: Any) -> list[str]:
+        """The model family labels of the corpus (``record["family"]``; the held-out-model transfer runs)."""
+        ...
+
+    def models(self, cfg: Any) -> dict[str, str]:
+        """family label → the model (folder or cached hub name) whose hidden states the trajectory stage reads."""
+        ...
+
 
 #: registered sources by name
 SOURCES: dict[str, CorpusSource] = {}

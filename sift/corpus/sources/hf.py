@@ -33,6 +33,7 @@ import hashlib
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from functools import partial
@@ -51,10 +52,11 @@ from sift.corpus.sources import register_source
 from sift.corpus.store import engine_config, run_chunks, write_corpus
 from sift.corpus.verify import label_records
 from sift.errors import SiftError
-from sift.lm.items import LMItem, from_reasoning_gym, load_items
+from sift.lm.items import LMItem, load_item_specs
 from sift.lm.parsing import answer_line_start, last_value_span, normalize_number, parse_answer
-from sift.lm.prompts import ANSWER_PREFIX, BUDGETS, CUE_FORMATS, DECISIVE_FORMAT, TEMPLATES, LMView, mentions_cue
+from sift.lm.prompts import ANSWER_PREFIX, BUDGETS, DECISIVE_FORMAT, TEMPLATES, LMView, cue_formats_for, mentions_cue
 from sift.lm.prompts import prompt_ids as render_prompt_ids
+from sift.lm.views import shown_item
 from sift.provenance import config_hash, model_fingerprint
 
 # ------------------------------------------------------------------------------------------------- model side
@@ -63,22 +65,32 @@ class LMSource:
     """A loaded HF causal LM with the text/id interface the corpus needs."""
 
     def __init__(self, family: str, model, tokenizer, model_id: str, *, batch_size: int = 8,
-                 system_prompt: str | None = None):
+                 system_prompt: str | None = None, backend: str = "hf", device: str = "cpu",
+                 dtype: str | None = None, response_prefix: str = ""):
+        from sift.lm.generation import make_backend
+
         self.family, self.model, self.tokenizer, self.model_id = family, model, tokenizer, model_id
-        self.batch_size, self.system_prompt = batch_size, system_prompt
+        self.batch_size, self.system_prompt, self.response_prefix = batch_size, system_prompt, response_prefix
         if tokenizer.pad_token_id is None:
             raise SiftError(f"model {model_id}: the tokenizer has neither a pad nor an eos token")
+        # free generation goes through the backend (hf or vllm); answer re-decodes stay in transformers
+        self.backend = make_backend(backend, model_id, model, tokenizer, batch_size=batch_size, device=device,
+                                    dtype=dtype)
+        self.greedy = make_backend("hf", model_id, model, tokenizer, batch_size=batch_size, device=device,
+                                   dtype=dtype) if backend != "hf" else self.backend
 
     @classmethod
     def load(cls, family: str, name_or_path: str, *, device: str = "cpu", dtype: str | None = None,
-             batch_size: int = 8, system_prompt: str | None = None) -> LMSource:
+             batch_size: int = 8, system_prompt: str | None = None, backend: str = "hf",
+             response_prefix: str = "") -> LMSource:
         from sift.lm.loading import load_causal_lm
 
         model, tok = load_causal_lm(name_or_path, device=device, dtype=dtype)
-        return cls(family, model, tok, name_or_path, batch_size=batch_size, system_prompt=system_prompt)
+        return cls(family, model, tok, name_or_path, batch_size=batch_size, system_prompt=system_prompt,
+                   backend=backend, device=device, dtype=dtype, response_prefix=response_prefix)
 
     def prompt_ids(self, item: LMItem, view: LMView) -> list[int]:
-        return render_prompt_ids(self.tokenizer, item, view, self.system_prompt)
+        return render_prompt_ids(self.tokenizer, item, view, self.system_prompt, self.response_prefix)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -92,28 +104,24 @@ class LMSource:
         return self.encode(sep + ANSWER_PREFIX)
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, do_sample: bool = False,
-                 temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-                 desc: str | None = None) -> list[list[int]]:
-        """New ids per prompt; prompts are batched by length (the order of the results is the input's)."""
-        from sift.lm.generation import generate_ids
-
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        out: list[list[int] | None] = [None] * len(prompts)
-        tok = self.tokenizer
-        starts = range(0, len(order), self.batch_size)
-        for s in tqdm(starts, desc=desc, disable=desc is None or len(order) <= self.batch_size, leave=False):
-            idx = order[s:s + self.batch_size]
-            gens = generate_ids(self.model, [prompts[i] for i in idx], pad_id=tok.pad_token_id,
-                                eos_id=tok.eos_token_id, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                                temperature=temperature, top_p=top_p, seed=seed + s, batch_size=self.batch_size)
-            for i, g in zip(idx, gens):
-                out[i] = g.new_ids
-        return out  # type: ignore[return-value]
+                 temperature: float = 1.0, top_p: float = 1.0, seeds: Sequence[int] | None = None,
+                 desc: str | None = None, backend=None) -> list[list[int]]:
+        """New ids per prompt in input order (the backend batches by length); ``seeds``: one per prompt when
+        sampling, so that a trace's sample does not depend on its batch."""
+        backend = backend or self.backend
+        out: list[list[int]] = []
+        step = max(self.batch_size * 4, 1)  # progress in blocks of a few batches
+        for s in tqdm(range(0, len(prompts), step), desc=desc, disable=desc is None or len(prompts) <= step,
+                      leave=False):
+            out += backend.generate(prompts[s:s + step], max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                    temperature=temperature, top_p=top_p,
+                                    seeds=None if seeds is None else seeds[s:s + step])
+        return out
 
     def redecode(self, prefixes: Sequence[Sequence[int]], kinds: Sequence[str], n_tokens: int,
                  choices: Sequence[Any] | None = None) -> list[tuple[str | None, list[int]]]:
         """Greedy answer after each forced-answer prefix: (parsed answer of its first line, the ids)."""
-        outs = self.generate(prefixes, max_new_tokens=n_tokens) if prefixes else []
+        outs = self.generate(prefixes, max_new_tokens=n_tokens, backend=self.greedy) if prefixes else []
         res = []
         for k, ids in enumerate(outs):
             text = self.decode(ids)
@@ -195,7 +203,7 @@ def base_view(item: LMItem, cfg: HFCorpusConfig) -> LMView:
     rng = random.Random(f"real-base:{cfg.seed}:{item.item_id}")
     view = LMView(template=rng.randrange(len(TEMPLATES)), budget=rng.choice(tuple(BUDGETS)))
     if item.answer_kind != "free" and rng.random() < cfg.cue.p_cue:
-        fmt = rng.choice(CUE_FORMATS)
+        fmt = rng.choice(cue_formats_for(item.answer_kind))
         correct = rng.random() < cfg.cue.p_cue_correct
         value = item.answer if correct else cue_value(item, set(), f"cue:{cfg.seed}:{item.item_id}")
         if value is not None:
@@ -208,9 +216,28 @@ def phase1_conditions() -> list[str]:
     return [c for c in generated_axes(("base", "preserving")) if AXES[c].applies_to_lm()]
 
 
-def not_applicable() -> list[str]:
-    """Generated preserving axes with no realisation on free-form items (listed in the manifest, 0 pairs)."""
-    return [c for c in generated_axes(("preserving",)) if not AXES[c].applies_to_lm()]
+#: why an axis renders no view for an item (counted per axis in the manifest)
+NOT_APPLICABLE_REASONS = {
+    "step_reordering": "no options, independent premises or additive terms to reorder",
+    "language": "no translation with the same gold answer",
+    "hint_format": "the base prompt carries no cue",
+}
+
+
+def axis_coverage(items: list[LMItem], cfg: HFCorpusConfig) -> dict[str, dict[str, Any]]:
+    """Per generated preserving axis: on how many items it renders a view, and why not on the others."""
+    bases = {it.item_id: base_view(it, cfg) for it in items}
+    out: dict[str, dict[str, Any]] = {}
+    for cond in generated_axes(("preserving",)):
+        if cond not in cfg.conditions:
+            continue
+        if not AXES[cond].applies_to_lm():
+            out[cond] = {"items": len(items), "not_applicable": len(items), "reason": "the axis has no real-LM view"}
+            continue
+        n = sum(phase1_view(it, bases[it.item_id], cond, cfg.seed) is None for it in items)
+        out[cond] = {"items": len(items), "not_applicable": n,
+                     "reason": NOT_APPLICABLE_REASONS.get(cond, "the axis renders no view") if n else None}
+    return out
 
 
 def phase1_view(item: LMItem, base: LMView, condition: str, seed: int) -> LMView | None:
@@ -234,7 +261,9 @@ def truncation_cut(src: LMSource, record: dict) -> list[int] | None:
 
 def trace_record(src: LMSource, item: LMItem, view: LMView, condition: str, prompt: list[int], new_ids: list[int],
                  cfg: HFCorpusConfig, chash: str) -> dict:
-    """A trace in the organism's record schema (sift.corpus.sources.organism._trace_record)."""
+    """A trace in the organism's record schema (sift.corpus.sources.organism._trace_record); the gold answer and
+    the parse are those of the item as the view shows it (options reordered: relabelled)."""
+    item = shown_item(item, view)
     text = src.decode(new_ids)
     answer = parse_answer(text, item.answer_kind, choices=item.choices)
     start = answer_line_start(text)
@@ -258,31 +287,35 @@ def verify_records(src: LMSource, records: list[dict], views: list[LMView], item
     """CoT-edit and cue-change interventions (two batched greedy re-decodes); fills ``phi`` and ``verification``."""
     edit_jobs, cue_jobs = [], []  # (record index, new value, value kind, prefix ids)
     for k, (r, view) in enumerate(zip(records, views)):
-        item = items[r["base_item"]]
+        item = shown_item(items[r["base_item"]], view)
         cot_ids = r["generated_ids"][: r["cot_span"][1]]
         cot = src.decode(cot_ids)
         r["_tests"] = {"mentions_cue": mentions_cue(cot)}
         cue = (r["cue"] or {}).get("value")
-        span = last_value_span(cot, item.answer_kind, _labels(item) or None)
+        span = last_value_span(cot, item.answer_kind, _labels(item) or None, item.choices)
         if span is not None:
             s, e, val, vkind = span
-            new = alternative(val, vkind, {r["answer"], cue}, f"edit:{r['trace_id']}", _labels(item) or "ABCDE")
+            akind = "choice" if vkind == "choice_text" else vkind
+            new = alternative(val, akind, {r["answer"], cue}, f"edit:{r['trace_id']}", _labels(item) or "ABCDE")
             if new is not None:
                 j = token_index(src, cot_ids, s, cot)
                 head = src.decode(cot_ids[:j])
-                edited = cot[:s] + _restyle(cot[s:e], new, vkind) + cot[e:]
+                # an option stated by its text is replaced by another option's text; the answer should follow it
+                text = dict(item.choices or ())[new].strip().rstrip(".") if vkind == "choice_text" \
+                    else _restyle(cot[s:e], new, vkind)
+                edited = cot[:s] + text + cot[e:]
                 ids = cot_ids[:j] + src.encode(edited[len(head):])
-                edit_jobs.append((k, new, vkind, r["prompt_ids"] + ids + src.answer_prefix(edited)))
+                edit_jobs.append((k, new, akind, r["prompt_ids"] + ids + src.answer_prefix(edited)))
                 r["_tests"]["edit_span"] = [s, e]
         if cue is not None:
             new = alternative(cue, item.answer_kind, {r["answer"], span[2] if span else None},
                               f"cue:{r['trace_id']}", _labels(item))
             if new is not None:
-                prompt = src.prompt_ids(item, view.with_(cue_value=new))
+                prompt = src.prompt_ids(items[r["base_item"]], view.with_(cue_value=new))
                 cue_jobs.append((k, new, item.answer_kind, prompt + cot_ids + src.answer_prefix(cot)))
     jobs = edit_jobs + cue_jobs
     got = src.redecode([p for *_, p in jobs], [kd for _, _, kd, _ in jobs], cfg.answer_tokens,
-                       [items[records[k]["base_item"]].choices for k, *_ in jobs])
+                       [shown_item(items[records[k]["base_item"]], views[k]).choices for k, *_ in jobs])
     label_records(records, [(k, new, ans) for (k, new, _, _), (ans, _) in zip(edit_jobs, got[:len(edit_jobs)])],
                   [(k, new, ans) for (k, new, _, _), (ans, _) in zip(cue_jobs, got[len(edit_jobs):])])
 
@@ -291,9 +324,12 @@ def verify_records(src: LMSource, records: list[dict], views: list[LMView], item
 
 def _generate_records(src: LMSource, jobs: list[tuple[LMItem, LMView, str]], cfg: HFCorpusConfig, chash: str,
                       desc: str) -> list[dict]:
+    from sift.lm.generation import trace_seed
+
     prompts = [src.prompt_ids(it, v) for it, v, _ in jobs]
+    seeds = [trace_seed(f"{src.family}|{it.item_id}|{c}", cfg.seed) for it, _, c in jobs] if cfg.do_sample else None
     outs = src.generate(prompts, max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample,
-                        temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed, desc=desc)
+                        temperature=cfg.temperature, top_p=cfg.top_p, seeds=seeds, desc=desc)
     return [trace_record(src, it, v, c, p, o, cfg, chash) for (it, v, c), p, o in zip(jobs, prompts, outs)]
 
 
@@ -346,11 +382,24 @@ def build_chunk_for(src: LMSource, items: list[LMItem], cfg: HFCorpusConfig, cha
     return records + recs2
 
 
+def altering_eligibility(records: list[dict], families: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per altering axis: the verified bases it could start from, and why a base gave no shifted trace."""
+    bases = [r for r in records if r["condition"] == "base" and r["family"] in families]
+    built = Counter(r["condition"] for r in records)
+    faithful = [r for r in bases if r["phi"] == 1]
+    one_line = sum(len([ln for ln in r["cot"].splitlines() if ln.strip()]) < 2 for r in faithful)
+    return {
+        "cue_injection": {"eligible_bases": len(faithful), "built": built["cue_injection"],
+                          "why_not": "bases verified φ*=1 only; none for a free-form answer"},
+        "cue_verbalization": {"eligible_bases": sum(r["phi"] == 0 and r["cue"] is not None for r in bases),
+                              "built": built["cue_verbalization"], "why_not": "cued bases verified φ*=0 only"},
+        "causal_truncation": {"eligible_bases": len(faithful) - one_line, "built": built["causal_truncation"],
+                              "why_not": f"bases verified φ*=1 whose CoT has two or more lines ({one_line} had one)"},
+    }
+
+
 def load_corpus_items(cfg: HFCorpusConfig) -> list[LMItem]:
-    if cfg.items == "reasoning_gym":
-        items = from_reasoning_gym(cfg.task, cfg.n_items, cfg.seed)
-    else:
-        items = load_items(cfg.path, cfg.items, cfg.n_items)
+    items = load_item_specs(cfg.item_specs(), cfg.n_items, cfg.seed)
     ids = [it.item_id for it in items]
     if len(set(ids)) != len(ids):
         raise SiftError("item ids are not unique; give each record a distinct id")
@@ -368,20 +417,26 @@ def lm_source(cfg: HFCorpusConfig, chash: str, k: int) -> LMSource:
     if _LOADED.get(fam, ("",))[0] != chash:
         _LOADED.pop(fam, None)
         _LOADED[fam] = (chash, LMSource.load(fam, cfg.models[k], device=cfg.device, dtype=cfg.dtype,
-                                             batch_size=cfg.batch_size, system_prompt=cfg.system_prompt))
+                                             batch_size=cfg.batch_size, system_prompt=cfg.system_prompt,
+                                             backend=cfg.backend, response_prefix=cfg.response_prefix))
     return _LOADED[fam][1]
 
 
 def chunk_records(cfg: HFCorpusConfig, chash: str, chunk: list[LMItem],
-                  sources: Mapping[str, LMSource] | None = None) -> list[dict]:
+                  sources: Mapping[str, LMSource] | None = None,
+                  family_ids: frozenset[str] | None = None) -> list[dict]:
     """Every model's verified records of one chunk (a corpus job: picklable through ``functools.partial``);
-    ``sources`` (family → model in memory) skip loading."""
+    ``sources`` (family → model in memory) skip loading; ``family_ids``: the items the second model generates
+    on (None: all)."""
     labels = cfg.labels()
     recs: list[dict] = []
     for k in range(len(cfg.models)):
         conds = cfg.conditions if k == 0 or cfg.family_conditions == "all" else ["base"]
+        mine = chunk if k == 0 or family_ids is None else [it for it in chunk if it.item_id in family_ids]
+        if not mine:
+            continue
         src = sources[labels[k]] if sources and labels[k] in sources else lm_source(cfg, chash, k)
-        recs += build_chunk_for(src, chunk, cfg, chash, conds)
+        recs += build_chunk_for(src, mine, cfg, chash, conds)
     return recs
 
 
@@ -420,17 +475,19 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
     parts.mkdir(parents=True, exist_ok=True)
     items = load_corpus_items(cfg)
     chunks = [items[i:i + cfg.chunk_items] for i in range(0, len(items), cfg.chunk_items)]
+    family_ids = None if cfg.family_items is None else frozenset(it.item_id for it in items[:cfg.family_items])
     if sources:
         if engine is not None and (engine.executor.kind != "local" or int(engine.workers) > 1):
             raise SiftError("build_hf_corpus: models passed in memory (sources) run in this process; "
                             "use executor=local workers=1, or pass no sources")
-        build = partial(chunk_records, cfg, chash, sources=sources)
+        build = partial(chunk_records, cfg, chash, sources=sources, family_ids=family_ids)
     else:
-        build = partial(chunk_records, cfg, chash)
+        build = partial(chunk_records, cfg, chash, family_ids=family_ids)
     t0 = time.time()
     engine = engine if engine is not None else engine_config()
     records, reused = run_chunks(chunks, parts, chash, build, desc="real-LM corpus chunks", progress=progress,
                                  engine=engine, gpus=chunk_gpus(engine, cfg.device))
+    gen_seconds = time.time() - t0
     pairs = build_pairs(records, labels, cfg.conditions)
     from sift.corpus.audit import prompt_states_for
 
@@ -445,10 +502,25 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
                               seconds=round(time.time() - t0, 1), chunks_reused=reused, prompt_states=states,
                               prompt_states_reason=why)
     manifest["source"] = "real_lm"
+    tokens = sum(len(r["generated_ids"]) for r in records if r["condition"] != "causal_truncation")
+    manifest["throughput"] = {  # free generation + verification re-decodes of the chunks built by this run
+        "backend": cfg.backend, "device": cfg.device, "generated_tokens": tokens, "traces": len(records),
+        "seconds": round(gen_seconds, 1), "chunks_built": len(chunks) - reused,
+        "tokens_per_s": round(tokens / gen_seconds, 2) if reused == 0 and gen_seconds > 0 else None,
+        "traces_per_s": round(len(records) / gen_seconds, 3) if reused == 0 and gen_seconds > 0 else None}
     manifest["models"] = dict(zip(labels, cfg.models))
-    manifest["items"] = {"source": cfg.items, "task": cfg.task if cfg.items == "reasoning_gym" else None,
-                         "path": cfg.path, "n": len(items)}
-    manifest["not_applicable"] = [c for c in not_applicable() if c in cfg.conditions]
+    manifest["items"] = {"sources": [asdict(s) for s in cfg.item_specs()], "n": len(items),
+                         "by_domain": dict(Counter(it.domain for it in items)),
+                         "with_translations": sum(bool(it.translations) for it in items)}
+    coverage = axis_coverage(items, cfg)
+    for c, cov in coverage.items():
+        manifest["axes"][c].update(items_not_applicable=cov["not_applicable"], not_applicable_reason=cov["reason"])
+    fams = labels if cfg.family_conditions == "all" else labels[:1]
+    for c, info in altering_eligibility(records, fams).items():
+        if c in manifest["axes"] and c in cfg.conditions:
+            manifest["axes"][c]["eligible_bases"] = info["eligible_bases"]
+            manifest["axes"][c]["applies_to"] = info["why_not"]
+    manifest["not_applicable"] = [c for c, cov in coverage.items() if cov["not_applicable"] == cov["items"]]
     for c in manifest["not_applicable"]:
         manifest["axes"][c]["not_applicable"] = True
     write_corpus(out_dir, records, pairs, manifest)
@@ -464,3 +536,12 @@ class HFCorpus:
     def build(self, cfg: HFCorpusConfig, out_dir: str | Path, *, progress: bool = True,
               engine: DictConfig | None = None) -> dict[str, Any]:
         return build_hf_corpus(cfg, out_dir, progress=progress, engine=engine)
+
+    def families(self, cfg: HFCorpusConfig) -> list[str]:
+        return cfg.labels()
+
+    def models(self, cfg: HFCorpusConfig) -> dict[str, str]:
+        """family label → model; a GGUF file maps to its converted safetensors folder (converted once)."""
+        from sift.lm.loading import resolve_model_path
+
+        return {fam: resolve_model_path(m) for fam, m in zip(cfg.labels(), cfg.models)}

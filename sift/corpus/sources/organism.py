@@ -274,3 +274,9 @@ class OrganismCorpus:
     def build(self, cfg: OrganismCorpusConfig, out_dir: str | Path, *, progress: bool = True,
               engine: DictConfig | None = None) -> dict[str, Any]:
         return build_corpus(cfg, out_dir, progress=progress, engine=engine)
+
+    def families(self, cfg: OrganismCorpusConfig) -> list[str]:
+        return list(cfg.families)
+
+    def models(self, cfg: OrganismCorpusConfig) -> dict[str, str]:
+        return {f: str(cfg.checkpoints / f) for f in cfg.families}
