@@ -109,14 +109,20 @@ class LMSource:
         """New ids per prompt in input order (the backend batches by length); ``seeds``: one per prompt when
         sampling, so that a trace's sample does not depend on its batch."""
         backend = backend or self.backend
-        out: list[list[int]] = []
-        step = max(self.batch_size * 4, 1)  # progress in blocks of a few batches
-        for s in tqdm(range(0, len(prompts), step), desc=desc, disable=desc is None or len(prompts) <= step,
+        # all prompts sorted by length first (a batch decodes until its longest member ends, and prompts of one
+        # length are mostly items of one kind, with similar reply lengths), then progress in blocks of batches
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        out: list[list[int] | None] = [None] * len(prompts)
+        step = max(self.batch_size * 4, 1)
+        for s in tqdm(range(0, len(order), step), desc=desc, disable=desc is None or len(order) <= step,
                       leave=False):
-            out += backend.generate(prompts[s:s + step], max_new_tokens=max_new_tokens, do_sample=do_sample,
-                                    temperature=temperature, top_p=top_p,
-                                    seeds=None if seeds is None else seeds[s:s + step])
-        return out
+            idx = order[s:s + step]
+            got = backend.generate([prompts[i] for i in idx], max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                   temperature=temperature, top_p=top_p,
+                                   seeds=None if seeds is None else [seeds[i] for i in idx])
+            for i, g in zip(idx, got):
+                out[i] = g
+        return out  # type: ignore[return-value]
 
     def redecode(self, prefixes: Sequence[Sequence[int]], kinds: Sequence[str], n_tokens: int,
                  choices: Sequence[Any] | None = None) -> list[tuple[str | None, list[int]]]:
