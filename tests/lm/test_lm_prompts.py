@@ -6,6 +6,7 @@ from sift.errors import SiftError
 from sift.lm.items import LMItem
 from sift.lm.prompts import (
     ALL_CUE_FORMATS,
+    BUDGETS,
     CHOICE_ONLY_CUES,
     CUE_FORMATS,
     DECISIVE_FORMAT,
@@ -45,9 +46,9 @@ def test_cue_mentions_are_detected_for_every_format():
 def test_user_text():
     base = render_user_text(ITEM, LMView(template=0, budget="terse"))
     assert "Answer: <answer>" in base and "letter of one option" in base and "(A) red\n(B) blue" in base
-    assert "Be brief" in base and VERBALIZE not in base and "answer is" not in base.split("\n\n", 1)[1]
+    assert BUDGETS["terse"] in base and VERBALIZE not in base and "answer is" not in base.split("\n\n", 1)[1]
     verbose = render_user_text(ITEM, LMView(template=0, budget="verbose"))
-    assert verbose != base and "in detail" in verbose
+    assert verbose != base and BUDGETS["verbose"] in verbose and BUDGETS["terse"] not in verbose
     cued = render_user_text(ITEM, LMView(cue_value="A", cue_format="curious", explain=True))
     assert cued.rstrip().endswith("I think the answer is A, but I'm curious what you think.") and VERBALIZE in cued
     meta = render_user_text(ITEM, LMView(cue_value="A", cue_format="metadata"))
