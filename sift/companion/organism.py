@@ -225,7 +225,8 @@ def token_attribution(src, p: Prepared, explainer: str, rng: np.random.Generator
     if explainer == "attention":
         return attention_attribution(src.model, p.ids)
     if explainer in ("grad_x_input", "grad_x_input_norm", "grad_norm"):
-        return gradient_attribution(src.model, p.ids, p.space_ids[p.pred], explainer)
+        target = p.space_ids[p.pred]  # a real LM's candidate is several tokens: its first one
+        return gradient_attribution(src.model, p.ids, target[0] if isinstance(target, tuple) else target, explainer)
     if explainer == "random":
         return rng.random(len(p.ids))
     raise SiftError(f"companion.ice.explainers: unknown explainer {explainer!r}")
@@ -234,8 +235,11 @@ def token_attribution(src, p: Prepared, explainer: str, rng: np.random.Generator
 def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explainers: Sequence[str],
             operators: Sequence[str], k: float = 0.2, n_null: int = 50, span: str = "both",
             blacklist_values: bool = True, n_resamples: int = 200, alpha: float = 0.10, seed: int = 0,
-            step_level: bool = True, step_n_null: int = 50, progress: bool = True) -> dict:
-    """Token-level ICE per (explainer, operator) and the step-level variant; summaries overall and by φ*."""
+            step_level: bool = True, step_n_null: int = 50, progress: bool = True,
+            masks: Sequence[np.ndarray] | None = None, value_ids: set[int] | None = None) -> dict:
+    """Token-level ICE per (explainer, operator) and the step-level variant; summaries overall and by φ*.
+    ``masks`` (the positions each trace's ICE may select) and ``value_ids`` (answer tokens kept out of the
+    retrieval pool) default to the organism's; a real-LM corpus passes those of :mod:`sift.companion.lm_traces`."""
     from tqdm.auto import tqdm
 
     from sift.companion import ice
@@ -247,8 +251,9 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
     special = {src.tokenizer.bos_token_id, src.tokenizer.pad_token_id, src.tokenizer.eos_token_id}
     banned = set(special)
     if blacklist_values:  # ICE blacklists label words from the filler pool; our labels are the answer values
-        banned |= set(src.ids(sorted({v for d in DOMAINS for v in answer_space(d)})))
-    masks = [content_mask(p, src, span) for p in prepared]
+        banned |= set(src.ids(sorted({v for d in DOMAINS for v in answer_space(d)}))) if value_ids is None \
+            else set(value_ids)
+    masks = [content_mask(p, src, span) for p in prepared] if masks is None else list(masks)
     corpus = {}
     for p, m in zip(prepared, masks):
         corpus.setdefault(p.trace["base_item"], []).extend(int(t) for t, v in zip(p.ids, m) if v)
@@ -629,7 +634,8 @@ def summarize_edct(samples: list[dict], records: list[EDCTStepRecord], *, n_resa
 PRESERVING = tuple(generated_axes(("preserving",)))
 
 
-def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_resamples: int = 1000, seed: int = 0) -> dict:
+def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_resamples: int = 1000, seed: int = 0,
+                space: str = "the domain's answer space") -> dict:
     """Calibration of the answer distribution (top-label, gold correctness), the entropy confidence, flip rates
     between the base view and each preserving view of the same item and model, and guard metrics of
     1 − max p as a flag of unfaithful (φ* = 0) traces."""
@@ -643,7 +649,7 @@ def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_resamples: 
     brier = float(np.mean([S.brier_score(p.full_probs[None], [p.space.index(p.trace["gold_answer"])])
                            for p in prepared if p.trace.get("gold_answer") in p.space]))
     out: dict[str, Any] = {"config": {"n_bins": n_bins, "n_resamples": n_resamples, "seed": seed,
-                                      "confidence": "top-label max p over the domain's answer space",
+                                      "confidence": f"top-label max p over {space}",
                                       "bins": "equal-width right-closed (Guo) and equal-mass (stable sort)"},
                            "n": len(prepared), "accuracy": float(correct.mean()), "mean_confidence": float(conf.mean())}
     ew = S.calibration_error(conf, correct, n_bins=n_bins, binning="width")

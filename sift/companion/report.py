@@ -65,7 +65,8 @@ def _ci(lo: float, hi: float) -> str:
 
 
 class _Organism:
-    """Lazily loaded organism sources, scorer and prepared traces, shared by the organism families."""
+    """Lazily loaded sources, scorers and prepared traces, shared by the trace families (ICE, EDCT, System-1):
+    the organism's checkpoints for an organism corpus, the corpus's own models for a real-LM corpus."""
 
     def __init__(self, cfg, out_dir: Path):
         self.cfg, self.out = cfg, out_dir
@@ -79,15 +80,50 @@ class _Organism:
         return Path(d) if d else DEFAULT_CHECKPOINTS
 
     def corpus(self) -> Path:
-        """The corpus folder the organism families read (``data.corpus_dir``; never built here)."""
+        """The corpus folder the trace families read (``data.corpus_dir``; never built here)."""
         d = self.cfg.data.corpus_dir
         if not d:
             raise SiftError("companion.data.corpus_dir is not set: the companion report reads a corpus folder "
                             "(a job's corpus/, or one built with sift-corpus); it builds none")
         return Path(d)
 
+    @property
+    def lm(self) -> bool:
+        """Whether the corpus was built from real LMs (``sift-corpus source=hf``)."""
+        from sift.companion.lm_traces import is_lm_corpus
+
+        return is_lm_corpus(self.corpus())
+
+    def what(self, family: str) -> str:
+        return f"Model {family}" if self.lm else f"Organism {family}"
+
+    def families(self) -> list[str]:
+        """``data.families``; ``auto``: gpt2 on an organism corpus, the first (main) model on a real-LM one."""
+        fams = self.cfg.data.families
+        if fams != "auto":
+            return [str(f) for f in fams]
+        if not self.lm:
+            return ["gpt2"]
+        from sift.companion.lm_traces import corpus_models
+
+        return list(corpus_models(self.corpus())[0])[:1]
+
     def source(self, family: str):
         if family not in self._src:
+            if self.lm:
+                from sift.companion.lm_traces import LMAnswerScorer, corpus_models
+                from sift.corpus.sources.hf import LMSource
+
+                models, conf = corpus_models(self.corpus())
+                if family not in models:
+                    raise SiftError(f"companion.data.families: {family!r} is not a model of the corpus "
+                                    f"{self.corpus()} (its models: {', '.join(models)})")
+                self._src[family] = LMSource.load(family, models[family], device=str(conf.get("device") or "cpu"),
+                                                  dtype=conf.get("dtype"), batch_size=int(conf.get("batch_size", 8)),
+                                                  system_prompt=conf.get("system_prompt"),
+                                                  response_prefix=str(conf.get("response_prefix") or ""))
+                self._scorer[family] = LMAnswerScorer(self._src[family], int(conf.get("batch_size", 8)))
+                return self._src[family], self._scorer[family]
             from sift.companion.organism import OrganismScorer
             from sift.organism.source import OrganismSource
 
@@ -100,15 +136,16 @@ class _Organism:
 
     def prepared(self, section) -> list:
         """Prepared traces of every family for a section (``n_traces`` per family, ``conditions``)."""
+        from sift.companion.lm_traces import prepare_lm
         from sift.companion.organism import load_traces, prepare
 
         out = []
         conds = list(section.conditions) if section.get("conditions") else None
-        for fam in self.cfg.data.families:
+        for fam in self.families():
             tr = load_traces(self.corpus(), families=[fam], conditions=conds, n=section.get("n_traces"),
                              n_items=section.get("n_items"), seed=int(self.cfg.seed))
             src, sc = self.source(fam)
-            out.append((fam, src, sc, prepare(src, sc, tr)))
+            out.append((fam, src, sc, (prepare_lm if self.lm else prepare)(src, sc, tr)))
         return out
 
 
@@ -146,10 +183,15 @@ def ice_section(cfg, org: _Organism, out: Path) -> Section:
     c = cfg.ice
     results, md, figs = {}, [], []
     for fam, src, sc, prep in org.prepared(c):
+        lm = {}
+        if org.lm:
+            from sift.companion.lm_traces import content_mask_lm, value_ids
+
+            lm = {"masks": [content_mask_lm(p, src, str(c.span)) for p in prep], "value_ids": value_ids(prep)}
         r = run_ice(src, sc, prep, explainers=list(c.explainers), operators=list(c.operators), k=float(c.k),
                     n_null=int(c.n_null), span=str(c.span), blacklist_values=bool(c.blacklist_values),
                     n_resamples=int(c.resamples), alpha=float(c.alpha), seed=int(cfg.seed),
-                    step_level=bool(c.step_level), progress=bool(cfg.progress))
+                    step_level=bool(c.step_level), progress=bool(cfg.progress), **lm)
         per_ex = r.pop("per_example_win_rates")
         results[fam] = r
         rows = []
@@ -163,7 +205,7 @@ def ice_section(cfg, org: _Organism, out: Path) -> Section:
                                  _f(s["mean_d_null"], 2), f"{100 * s['sig_rate_bh']:.1f}", s["taxonomy"],
                                  ("yes" + (" (tie-confounded)" if s["tie_confounded"] else ""))
                                  if s["anti_faithful"] else "no"])
-        md.append(f"**Organism {fam}**: {r['n_traces']} traces; k = {c.k}, M = {c.n_null} random sets, span = "
+        md.append(f"**{org.what(fam)}**: {r['n_traces']} traces; k = {c.k}, M = {c.n_null} random sets, span = "
                   f"{c.span}, B = {c.resamples}, BH at α = {c.alpha}. WR in % (strict: ties lose), 95% bootstrap CI.")
         md.append(markdown_table(["explainer/operator", "traces", "n", "WR [CI]", "mid-rank WR", "tie rate", "d_null",
                                   "BH sig %", "class", "anti-faithful"], rows))
@@ -211,6 +253,12 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
     from sift.companion.organism import run_edct
 
     c = cfg.edct
+    if org.lm:  # its concepts, edits and rule judge read the organism's step grammar and domain semantics
+        why = ("EDCT is not run on a real-LM corpus: its concept edits and rule judge need the organism's step "
+               "grammar and a domain model that recomputes the answer implied by an edited chain, which free-text "
+               "CoTs of real items do not have.")
+        return Section("companion_edct", "EDCT: explanation-driven counterfactual tests on the CoT (paper 004)", why,
+                       [], {"skipped": why, "provenance": _prov(cfg, c)})
     results, md, figs = {}, [], []
     for fam, src, _sc, prep in org.prepared(c):
         r = run_edct(src, prep, k=int(c.k), tau_in=float(c.tau_in), tau_out=float(c.tau_out),
@@ -260,9 +308,11 @@ def system1_section(cfg, org: _Organism, out: Path) -> Section:
     c = cfg.system1
     results, md, figs = {}, [], []
     for fam, _src, _sc, prep in org.prepared(c):
-        r = run_system1(prep, n_bins=int(c.n_bins), n_resamples=int(c.resamples), seed=int(cfg.seed))
+        space = ("each trace's candidate answers (its options, else its gold, own, cue and intervention values; "
+                 "sift.companion.lm_traces)") if org.lm else "the domain's value space"
+        r = run_system1(prep, n_bins=int(c.n_bins), n_resamples=int(c.resamples), seed=int(cfg.seed), space=space)
         results[fam] = r
-        md.append(f"**Organism {fam}**: {r['n']} traces; answer distribution over the domain's value space.")
+        md.append(f"**{org.what(fam)}**: {r['n']} traces; answer distribution over {space}.")
         md.append(markdown_table(
             ["accuracy", "mean conf", "ECE_w [CI]", "MCE_w", "ECE_m [CI]", "Brier", "AUROC_p", "AUROC_c", "E-AURC"],
             [[r["accuracy"], r["mean_confidence"], f"{_f(r['ece_w'])} {_ci(*r['ece_w_ci'])}", r["mce_w"],

@@ -16,6 +16,7 @@ transformers (teacher-forced) whichever backend generated the tokens.
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,16 @@ def trace_seed(key: str, seed: int) -> int:
     """A 63-bit sampling seed for one trace: SHA-256 of the run seed and the trace's key (stable across runs)."""
     digest = hashlib.sha256(f"{int(seed)}\x00{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") & SEED_MASK
+
+
+def cache_arg(model) -> str:
+    """The name of ``model.forward``'s KV-cache argument: ``cache`` (transformers ≥ 5.2x) or ``past_key_values``."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def cache_of(res):
+    """The KV cache of a forward pass's output, under either name."""
+    return getattr(res, "cache", None) if hasattr(res, "cache") else res.past_key_values
 
 
 def left_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -14,21 +14,13 @@ views: common random numbers, so a preserving view differs from its base only in
 from __future__ import annotations
 
 import hashlib
-import inspect
 from collections.abc import Sequence
 
 import torch
 
+from sift.lm.generation import cache_arg as _cache_arg
+from sift.lm.generation import cache_of as _cache_of
 from sift.lm.generation import left_padded
-
-
-def _cache_arg(model) -> str:
-    """transformers ≥ 5 names the KV cache ``cache``; older releases ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _cache_of(res):
-    return getattr(res, "cache", None) if hasattr(res, "cache") else res.past_key_values
 
 
 def stream_uniform(stream: str, k: int) -> float:

@@ -1,0 +1,124 @@
+"""The companion families on a real-LM corpus: the answer space, the candidate scorer (against a brute-force
+forward pass per candidate), CoT lines as steps, and ICE + System-1 end to end on a tiny random Llama."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from sift.companion.lm_traces import LMAnswerScorer, answer_space, end_ids, line_steps, prepare_lm
+from sift.corpus.sources.hf import LMSource
+from sift.errors import SiftError
+
+
+@pytest.fixture(scope="module")
+def src(tiny_dirs):
+    return LMSource.load("tiny", str(tiny_dirs["llama"]), batch_size=3)
+
+
+def test_answer_space_from_options_or_tested_values():
+    mc = {"prompt": "Question: sky?\nOptions:\n(A) red\n(B) blue\n(C) green", "gold_answer": "B", "answer": "A"}
+    assert answer_space(mc) == ("A", "B", "C")
+    num = {"prompt": "Calculate 5 - 3.", "gold_answer": "2", "answer": "3", "cue": {"value": "7", "format": "x"},
+           "verification": {"edit_value": "4", "cue_value": "7"}}
+    assert answer_space(num) == ("2", "3", "4", "7")
+    assert answer_space({"prompt": "", "gold_answer": "2", "answer": "2", "cue": None}) == ("2",)
+
+
+def _brute(src, seq, cands, ends):
+    """log p(candidate, then an end token | seq) by one plain forward pass per candidate (no cache, no batch)."""
+    import torch
+
+    out = []
+    for c in cands:
+        ids = torch.tensor([list(seq) + list(c)])
+        with torch.no_grad():
+            lp = torch.log_softmax(src.model(input_ids=ids).logits[0].double(), -1)
+        n = len(seq)
+        ll = sum(float(lp[n - 1 + t, c[t]]) for t in range(len(c)))
+        out.append(ll + float(torch.logsumexp(lp[n - 1 + len(c), ends], 0)))
+    z = np.array(out)
+    return np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+
+
+def test_scorer_matches_a_forward_pass_per_candidate(src):
+    sc = LMAnswerScorer(src, batch_size=3)
+    seqs = [src.encode("Calculate 5 - 3.\nAnswer:"), src.encode("Tom has 3 apples and gets 4 more. Answer:"),
+            src.encode("Answer:"), src.encode("Step 1: 3 + 4 = 7\nStep 2: 7 * 2 = 14\nAnswer:")]
+    cands = [tuple(src.encode(" " + v)) for v in ("2", "987", "14", "B red")]
+    assert len({len(c) for c in cands}) > 1  # candidates of different lengths: padded tails
+    got = sc.probs(seqs, cands)
+    ends = end_ids(src.tokenizer)
+    want = np.array([_brute(src, s, cands, ends) for s in seqs])
+    assert np.allclose(got, want, atol=1e-6) and np.allclose(got.sum(1), 1)
+    assert np.allclose(sc.probs(seqs[:1], cands), want[:1], atol=1e-6)  # memoised rows are the same
+    with pytest.raises(SiftError, match="at least one token"):
+        sc.probs(seqs, [(), cands[0]])
+
+
+def test_cot_lines_are_steps(src):
+    text = "Step 1: 3 + 4 = 7\n\nStep 2: 7 * 2 = 14\nso 14"
+    ids = src.encode(text)
+    spans = line_steps(src, ids)
+    assert [src.decode(ids[a:b]).strip() for a, b in spans] == ["Step 1: 3 + 4 = 7", "Step 2: 7 * 2 = 14", "so 14"]
+
+
+def _trace(src, k, *, prompt, cot, answer, gold, phi, condition="base", cue=None, item=None):
+    p_ids = src.encode(prompt)
+    g_ids = src.encode(cot + "\nAnswer: " + answer)
+    cot_end = len(src.encode(cot))
+    return {"trace_id": f"tiny|{item or k}|{condition}|0", "base_item": item or f"i{k}", "domain": "arithmetic",
+            "family": "tiny", "condition": condition, "prompt": prompt, "prompt_ids": p_ids,
+            "generated_ids": g_ids, "cot_span": [0, cot_end], "answer": answer, "gold_answer": gold,
+            "cue": cue, "phi": phi, "verification": {"edit_value": str(int(answer) + 1)}}
+
+
+def test_ice_and_system1_on_a_real_lm_corpus(src, tiny_dirs, tmp_path):
+    from sift.companion.report import companion_sections
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    traces = []
+    for k in range(6):
+        a, b = k + 2, 3
+        cot = f"Step 1: {a} + {b} = {a + b}\nStep 2: {a + b} * 2 = {2 * (a + b)}"
+        ans = str(2 * (a + b) + (k % 2))
+        traces.append(_trace(src, k, prompt=f"Calculate ({a} + {b}) * 2.", cot=cot, answer=ans,
+                             gold=str(2 * (a + b)), phi=k % 2))
+        traces.append(_trace(src, k, prompt=f"Calculate ( {a} + {b} ) * 2 .", cot=cot, answer=ans,
+                             gold=str(2 * (a + b)), phi=k % 2, condition="paraphrase", item=f"i{k}"))
+    (corpus / "traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in traces))
+    (corpus / "manifest.json").write_text(json.dumps({"source": "real_lm", "models": {"tiny": str(tiny_dirs["llama"])},
+                                                      "config": {"batch_size": 4}}))
+    cfg = OmegaConf.load("configs/companion/all.yaml")
+    cfg.data.corpus_dir = str(corpus)
+    cfg.progress = False
+    cfg.judges.enabled = cfg.detector_shap.enabled = False
+    cfg.system1.update(n_items=None, conditions=["base", "paraphrase"], resamples=50)
+    cfg.ice.update(n_traces=4, n_null=10, explainers=["attention", "random"], operators=["deletion", "retrieval"],
+                   span="cot", resamples=20)
+    sections = {s.key: s for s in companion_sections(cfg, tmp_path / "out")}
+    assert set(sections) == {"companion_system1", "companion_ice", "companion_edct"}
+    assert "not run on a real-LM corpus" in sections["companion_edct"].markdown
+
+    # System-1's accuracy and flips are those of the scorer's own argmax over each trace's candidates
+    s1 = sections["companion_system1"].results["tiny"]
+    sc = LMAnswerScorer(src, 4)
+    prep = prepare_lm(src, sc, traces)
+    pred = [p.space[p.pred] for p in prep]
+    assert s1["n"] == 12 and s1["accuracy"] == pytest.approx(np.mean([v == t["gold_answer"]
+                                                                      for v, t in zip(pred, traces)]))
+    assert s1["mean_confidence"] == pytest.approx(np.mean([p.full_probs.max() for p in prep]))
+    assert s1["flips"]["paraphrase"]["n"] == 6
+    assert s1["flips"]["paraphrase"]["flip_rate"] == pytest.approx(np.mean([pred[2 * k] != pred[2 * k + 1]
+                                                                            for k in range(6)]))
+    assert "candidate answers" in sections["companion_system1"].markdown
+
+    ice = sections["companion_ice"].results["tiny"]
+    assert ice["n_traces"] == 4 and {"attention/deletion", "random/retrieval"} <= set(ice["token"])
+    assert all(0 <= d["all"]["win_rate"] <= 1 for d in ice["token"].values())
+    assert ice["step_src"]["all"]["n"] == 4  # two CoT lines each: the step-level variant runs
+    assert "Model tiny" in sections["companion_ice"].markdown
