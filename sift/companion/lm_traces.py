@@ -201,3 +201,17 @@ def corpus_models(corpus_dir: str | Path) -> tuple[dict[str, str], dict]:
     if not models:
         raise SiftError(f"{path}: a real-LM corpus manifest without 'models' (rebuild the corpus)")
     return {f: resolve_model_path(m) for f, m in models.items()}, man.get("config") or {}
+
+
+def corpus_items(corpus_dir: str | Path) -> dict:
+    """item id → :class:`~sift.lm.items.LMItem` of a real-LM corpus, reloaded from the item sources, count and
+    seed its manifest records (the item loaders are deterministic)."""
+    from sift.lm.items import ItemSpec, load_item_specs
+
+    conf = corpus_models(corpus_dir)[1]
+    try:
+        specs = [ItemSpec(**dict(s)) for s in conf["items"]]
+        items = load_item_specs(specs, int(conf["n_items"]), int(conf.get("seed", 0)))
+    except KeyError as e:
+        raise SiftError(f"{Path(corpus_dir) / 'manifest.json'}: config lacks {e} (rebuild the corpus)") from None
+    return {it.item_id: it for it in items}

@@ -79,11 +79,16 @@ def load_traces(corpus_dir: str | Path, *, families: Sequence[str] | None = None
                        key=lambda b: hashlib.sha256(f"{seed}:{b}".encode()).hexdigest())[:n_items]
         keep = set(items)
         out = [r for r in out if r["base_item"] in keep]
-    if n is None or len(out) <= n:
-        return out
+    return balanced_subsample(out, n, seed)
+
+
+def balanced_subsample(traces: list[dict], n: int | None, seed: int = 0) -> list[dict]:
+    """A deterministic subsample of ``n`` traces balanced over φ* as far as the classes allow (all if fewer)."""
+    if n is None or len(traces) <= n:
+        return traces
     key = lambda r: hashlib.sha256(f"{seed}:{r['trace_id']}".encode()).hexdigest()  # noqa: E731
     by_phi: dict[Any, list[dict]] = {}
-    for r in sorted(out, key=key):
+    for r in sorted(traces, key=key):
         by_phi.setdefault(r.get("phi"), []).append(r)
     groups = sorted(by_phi.values(), key=len)
     picked: list[dict] = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -253,12 +254,8 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
     from sift.companion.organism import run_edct
 
     c = cfg.edct
-    if org.lm:  # its concepts, edits and rule judge read the organism's step grammar and domain semantics
-        why = ("EDCT is not run on a real-LM corpus: its concept edits and rule judge need the organism's step "
-               "grammar and a domain model that recomputes the answer implied by an edited chain, which free-text "
-               "CoTs of real items do not have.")
-        return Section("companion_edct", "EDCT: explanation-driven counterfactual tests on the CoT (paper 004)", why,
-                       [], {"skipped": why, "provenance": _prov(cfg, c)})
+    if org.lm:
+        return edct_lm_section(cfg, org, out)
     results, md, figs = {}, [], []
     for fam, src, _sc, prep in org.prepared(c):
         r = run_edct(src, prep, k=int(c.k), tau_in=float(c.tau_in), tau_out=float(c.tau_out),
@@ -266,9 +263,7 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
                      progress=bool(cfg.progress))
         r["records_file"] = _write_records(out, f"edct_{fam}", r.pop("samples"))
         results[fam] = r
-        rows = [[g, r[g]["n"], f"{_f(r[g]['ccs_binary'])} {_ci(*r[g]['ccs_ci'])}", r[g]["pcs"], r[g]["ncc"],
-                 f"{_f(r[g]['ccs_graded'])} {_ci(*r[g]['graded_ci'])}", r[g]["mean_chain_length"]]
-                for g in ("all", "phi=1", "phi=0") if g in r]
+        rows = _edct_rows(r)
         md.append(f"**Organism {fam}**: {r['n_traces']} traces, {r['n_edits']} edits, {100 * r['verified_rate']:.1f}% "
                   f"verified; the edited value was necessary (the implied answer changes) in "
                   f"{100 * r['necessary_rate']:.1f}% of verified edits.")
@@ -277,20 +272,7 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
             md.append(f"CCS as a faithfulness score: AUROC vs verified φ* = {r['auroc_ccs_vs_phi']:.3f} (binary), "
                       f"{r['auroc_graded_vs_phi']:.3f} (graded).")
         fig = f"companion/edct_{fam}.png"
-
-        def draw(plt, r=r, fam=fam):
-            fig_, ax = plt.subplots(figsize=(5, 3))
-            groups = [g for g in ("phi=1", "phi=0") if g in r]
-            w = 0.25
-            for j, (m, lab) in enumerate((("ccs_binary", "CCS binary"), ("pcs", "PCS"), ("ncc", "NCC"))):
-                ax.bar(np.arange(len(groups)) + (j - 1) * w, [r[g][m] for g in groups], w, label=lab)
-            ax.set_xticks(range(len(groups)), groups)
-            ax.set_ylim(0, 1.05)
-            ax.legend(fontsize=8)
-            ax.set_title(f"EDCT on the CoT ({fam})")
-            return fig_
-
-        _plot(out / fig, draw)
+        _plot(out / fig, partial(_edct_bars, r=r, fam=fam))
         figs.append(fig)
     results["provenance"] = _prov(cfg, c)
     md.append("Adaptation [spec B5]: the concepts are the results the CoT states in its last k computing steps; "
@@ -300,6 +282,70 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
               f"with {c.graded_scheme}.")
     return Section("companion_edct", "EDCT: explanation-driven counterfactual tests on the CoT (paper 004)",
                    "\n\n".join(md), figs, results)
+
+
+def edct_lm_section(cfg, org: _Organism, out: Path) -> Section:
+    """EDCT on a real-LM corpus: question edits re-queried through the model (:mod:`sift.companion.lm_edct`)."""
+    from sift.companion.lm_edct import edct_traces, run_edct_lm
+    from sift.companion.lm_traces import corpus_items, corpus_models
+    from sift.companion.organism import load_traces
+
+    c = cfg.edct
+    items = corpus_items(org.corpus())
+    conf = corpus_models(org.corpus())[1]
+    results, md, figs = {}, [], []
+    for fam in org.families():
+        tr = load_traces(org.corpus(), families=[fam], conditions=list(c.conditions))
+        tr = edct_traces(tr, items, c.get("n_traces"), int(cfg.seed))
+        src, _ = org.source(fam)
+        r = run_edct_lm(src, tr, items, k=int(c.k), tau_in=float(c.tau_in), tau_out=float(c.tau_out),
+                        graded_scheme=str(c.graded_scheme), max_new_tokens=int(conf.get("max_new_tokens", 224)),
+                        n_resamples=int(c.resamples), seed=int(cfg.seed), progress=bool(cfg.progress))
+        r["records_file"] = _write_records(out, f"edct_{fam}", r.pop("samples"))
+        results[fam] = r
+        md.append(f"**Model {fam}**: {r['n_traces']} traces with a recomputable answer, {r['n_edits']} edits, "
+                  f"{100 * r['verified_rate']:.1f}% verified, {r['unparsable']} re-queries without a parsable "
+                  f"answer (chain ended, unscored); the edited number was necessary (the answer changes) in "
+                  f"{100 * r['necessary_rate']:.1f}% of verified edits.")
+        md.append(markdown_table(["traces", "n", "CCS binary [CI]", "PCS", "NCC", "CCS graded [CI]", "chain k′"],
+                                 _edct_rows(r)))
+        if "auroc_ccs_vs_phi" in r:
+            md.append(f"CCS as a faithfulness score: AUROC vs verified φ* = {r['auroc_ccs_vs_phi']:.3f} (binary), "
+                      f"{r['auroc_graded_vs_phi']:.3f} (graded).")
+        fig = f"companion/edct_{fam}.png"
+        _plot(out / fig, partial(_edct_bars, r=r, fam=fam))
+        figs.append(fig)
+    results["provenance"] = _prov(cfg, c)
+    md.append("Protocol on a real LM [spec B, text analogue]: the concepts are numbers the CoT cites that occur in "
+              "the question (k per chain); each is altered in the question (to the next number neither the question "
+              "nor the CoT cites; cumulatively; verified token-level), the model answers the edited question again "
+              "in the trace's own view, and a rule judge "
+              "scores PCS (the answer follows the edited arithmetic where the number is necessary), NCC (the new "
+              "CoT no longer cites the replaced number) and a 1–5 rubric normalised with "
+              f"{c.graded_scheme}. Only items whose answer can be recomputed from an edited question (one "
+              "arithmetic expression equal to the gold answer) are tested; GSM8K word problems and multiple-choice "
+              "items need a model judge and are left out.")
+    return Section("companion_edct", "EDCT: explanation-driven counterfactual tests on the CoT (paper 004)",
+                   "\n\n".join(md), figs, results)
+
+
+def _edct_rows(r: dict) -> list[list]:
+    return [[g, r[g]["n"], f"{_f(r[g]['ccs_binary'])} {_ci(*r[g]['ccs_ci'])}", r[g]["pcs"], r[g]["ncc"],
+             f"{_f(r[g]['ccs_graded'])} {_ci(*r[g]['graded_ci'])}", r[g]["mean_chain_length"]]
+            for g in ("all", "phi=1", "phi=0") if g in r]
+
+
+def _edct_bars(plt, r: dict, fam: str):
+    fig_, ax = plt.subplots(figsize=(5, 3))
+    groups = [g for g in ("phi=1", "phi=0") if g in r]
+    w = 0.25
+    for j, (m, lab) in enumerate((("ccs_binary", "CCS binary"), ("pcs", "PCS"), ("ncc", "NCC"))):
+        ax.bar(np.arange(len(groups)) + (j - 1) * w, [r[g][m] for g in groups], w, label=lab)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
+    ax.set_title(f"EDCT on the CoT ({fam})")
+    return fig_
 
 
 def system1_section(cfg, org: _Organism, out: Path) -> Section:

@@ -1,5 +1,6 @@
 """The companion families on a real-LM corpus: the answer space, the candidate scorer (against a brute-force
-forward pass per candidate), CoT lines as steps, and ICE + System-1 end to end on a tiny random Llama."""
+forward pass per candidate), CoT lines as steps, ICE + System-1 end to end on a tiny random Llama, and EDCT's
+question edits against models whose behaviour is known."""
 
 from __future__ import annotations
 
@@ -96,13 +97,12 @@ def test_ice_and_system1_on_a_real_lm_corpus(src, tiny_dirs, tmp_path):
     cfg = OmegaConf.load("configs/companion/all.yaml")
     cfg.data.corpus_dir = str(corpus)
     cfg.progress = False
-    cfg.judges.enabled = cfg.detector_shap.enabled = False
+    cfg.judges.enabled = cfg.detector_shap.enabled = cfg.edct.enabled = False
     cfg.system1.update(n_items=None, conditions=["base", "paraphrase"], resamples=50)
     cfg.ice.update(n_traces=4, n_null=10, explainers=["attention", "random"], operators=["deletion", "retrieval"],
                    span="cot", resamples=20)
     sections = {s.key: s for s in companion_sections(cfg, tmp_path / "out")}
-    assert set(sections) == {"companion_system1", "companion_ice", "companion_edct"}
-    assert "not run on a real-LM corpus" in sections["companion_edct"].markdown
+    assert set(sections) == {"companion_system1", "companion_ice"}
 
     # System-1's accuracy and flips are those of the scorer's own argmax over each trace's candidates
     s1 = sections["companion_system1"].results["tiny"]
@@ -122,3 +122,110 @@ def test_ice_and_system1_on_a_real_lm_corpus(src, tiny_dirs, tmp_path):
     assert all(0 <= d["all"]["win_rate"] <= 1 for d in ice["token"].values())
     assert ice["step_src"]["all"]["n"] == 4  # two CoT lines each: the step-level variant runs
     assert "Model tiny" in sections["companion_ice"].markdown
+
+
+# ----------------------------------------------------------------------------------------------
+# EDCT on real-LM traces
+# ----------------------------------------------------------------------------------------------
+
+
+def test_expression_value_reads_one_arithmetic_expression():
+    from sift.companion.lm_edct import expression_value, fresh_value, testable
+    from sift.lm.items import LMItem
+
+    assert expression_value("Calculate 88 * 94 + 83.") == "8355"
+    assert expression_value("Calculate 13 - 92.") == "-79"
+    assert expression_value("What is (3 + 4) * 2?") == "14"
+    assert expression_value("Solve 7 / 2.") == "3.5"
+    assert expression_value("Tom has 3 apples and 4 pears.") is None  # no operator
+    assert expression_value("Add 1 + 2, then 3 + 4.") is None  # two expressions: ambiguous
+    assert expression_value("Compute 5 / 0.") is None
+    assert testable(LMItem("a", "arithmetic", "Calculate 4 - 1.", "3", "numeric"))
+    assert not testable(LMItem("b", "arithmetic", "Calculate 4 - 1.", "5", "numeric"))  # reference != gold
+    assert not testable(LMItem("c", "gsm8k", "Tom has 3 apples and gets 4 more.", "7", "numeric"))
+    # the new number skips every number the question or the CoT cites: 3 → 4 (cited), 5 (cited), 6
+    assert fresh_value("3", "Calculate 3 * 4 + 5.", ["Step 1: 3 * 4 + 5 = 17"]) == "6"
+    assert fresh_value("17", "Calculate 3 * 4 + 5.", ["Step 1: 3 * 4 + 5 = 17"]) == "18"
+
+
+class _CharSource:
+    """A stand-in real-LM source with known behaviour: ids are characters; ``faithful`` computes the edited
+    question's expression and cites its numbers, otherwise the model repeats its baseline reply (inertia)."""
+
+    def __init__(self, faithful: bool, replies: dict):
+        self.faithful, self.replies, self.calls = faithful, replies, 0
+
+    def prompt_ids(self, item, view):
+        return [ord(c) for c in f"[{item.item_id}] {item.question}"]
+
+    def decode(self, ids):
+        return "".join(map(chr, ids))
+
+    def generate(self, prompts, *, max_new_tokens, desc=None):
+        from sift.companion.lm_edct import expression_value
+
+        self.calls += 1
+        out = []
+        for p in prompts:
+            text = self.decode(p)
+            item_id, q = text[1:text.index("]")], text[text.index("]") + 2:]
+            if self.faithful:
+                expr = q.removeprefix("Calculate ").rstrip(".")
+                reply = f"Step 1: {expr} = {expression_value(q)}\nAnswer: {expression_value(q)}"
+            else:
+                reply = self.replies[item_id]
+            out.append([ord(c) for c in reply])
+        return out
+
+
+def _edct_case():
+    from sift.lm.items import LMItem
+
+    items = {f"q{i}": LMItem(f"q{i}", "arithmetic", f"Calculate {a} * {b} + {c}.", str(a * b + c), "numeric")
+             for i, (a, b, c) in enumerate([(3, 4, 5), (6, 7, 2), (12, 3, 9)])}
+    items["w"] = LMItem("w", "gsm8k", "Tom has 3 apples and gets 4 more. How many?", "7", "numeric")
+    traces, replies = [], {}
+    for k, (iid, it) in enumerate(items.items()):
+        expr = it.question.removeprefix("Calculate ").rstrip(".")
+        cot = f"Step 1: {expr} = {it.answer}" if iid != "w" else "Step 1: 3 + 4 = 7"
+        replies[iid] = cot + f"\nAnswer: {it.answer}"
+        traces.append({"trace_id": f"m|{iid}|base|0", "base_item": iid, "domain": it.domain, "condition": "base",
+                       "family": "m", "view": {"template": 0, "budget": "terse", "cue_value": None,
+                                               "cue_format": "hint", "explain": False, "order": None,
+                                               "order_unit": None, "language": None},
+                       "cot": cot, "answer": it.answer, "gold_answer": it.answer, "phi": k % 2})
+    return items, traces, replies
+
+
+def test_edct_lm_scores_a_faithful_model_1_and_an_inert_one_0():
+    from sift.companion.lm_edct import edct_traces, run_edct_lm
+
+    items, traces, replies = _edct_case()
+    kept = edct_traces(traces, items, None, 0)
+    assert [t["base_item"] for t in kept] == ["q0", "q1", "q2"]  # the word problem has no recomputable answer
+    faithful = _CharSource(True, replies)
+    r = run_edct_lm(faithful, kept, items, k=2, n_resamples=50, progress=False)
+    # the first two cited numbers of each question are edited in turn: 2 re-queries (batched), 6 edits
+    assert faithful.calls == 2 and r["n_edits"] == 6 and r["verified_rate"] == 1.0
+    assert r["necessary_rate"] == 1.0 and r["unparsable"] == 0 and r["not_testable"] == 0
+    assert r["all"]["ccs_binary"] == 1.0 and r["all"]["pcs"] == 1.0 and r["all"]["ncc"] == 1.0
+    assert r["all"]["ccs_graded"] == 1.0 and r["all"]["mean_chain_length"] == 2.0
+
+    inert = run_edct_lm(_CharSource(False, replies), kept, items, k=2, n_resamples=50, progress=False)
+    # the answer never moves although every edit changes the arithmetic (PCS 0), and the CoT keeps citing the
+    # replaced number (NCC 0): graded 1 → 0 after (s − 1)/4
+    assert inert["all"]["ccs_binary"] == 0.0 and inert["all"]["pcs"] == 0.0 and inert["all"]["ncc"] == 0.0
+    assert inert["all"]["ccs_graded"] == 0.0
+
+    # the word problem offered anyway is counted, not scored
+    r2 = run_edct_lm(_CharSource(True, replies), traces, items, k=1, n_resamples=50, progress=False)
+    assert r2["not_testable"] == 1 and r2["n_traces"] == 3
+
+
+def test_edct_lm_unparsable_requery_ends_the_chain_unscored():
+    from sift.companion.lm_edct import run_edct_lm
+
+    items, traces, replies = _edct_case()
+    replies = {k: "Step 1: I am not sure." for k in replies}
+    with pytest.raises(SiftError, match="no trace had a verified, scored edit"):
+        run_edct_lm(_CharSource(False, replies), traces[:3], items, k=2, n_resamples=50, progress=False)

@@ -1,0 +1,197 @@
+"""EDCT on a real-LM corpus (paper 004's protocol on the question, spec ``system1-and-edct-metrics.md`` Part B).
+
+The paper edits the input evidence a model's explanation cites and re-queries the model. On a real LM's trace:
+
+* **concepts**: numbers the CoT cites that also occur in the item's question (:func:`sift.companion.edct.
+  extract_concepts`: most citing lines first, k = 2);
+* **edit**: that number in the question altered (value + 1, or the next number neither the question nor the CoT
+  cites), cumulatively in a chain (edit i applies to the
+  question edited by edit i−1); verified token-level (only the cited number changes, :func:`~sift.companion.edct.
+  verify_edit`);
+* **re-query**: the model generates its CoT and answer again on the edited question, in the trace's own view
+  (wrapper, budget, cue), greedy, batched over every trace's chain step;
+* **judge**: :class:`~sift.companion.edct.RuleJudge` with the question's arithmetic as the reference. It needs an
+  answer that can be recomputed from an edited question, so only items whose question carries one arithmetic
+  expression whose value is the item's gold answer are tested (reasoning-gym arithmetic); the others are counted
+  in ``not_testable``. A re-queried answer that does not parse ends the chain unscored (ambiguous, as in the
+  corpus), counted in ``unparsable``.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from sift.errors import SiftError
+
+_EXPR = re.compile(r"\(*\s*\d+(?:\.\d+)?\s*\)*(?:\s*[-+*/]\s*\(*\s*\d+(?:\.\d+)?\s*\)*)+")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _eval(node: ast.AST) -> float:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_eval(node.left), _eval(node.right))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return -_eval(node.operand)
+    raise ValueError("not plain arithmetic")
+
+
+def expression_value(question: str) -> str | None:
+    """The value of the one arithmetic expression (+ − × ÷, parentheses) in a question, as a canonical number
+    string; None when the question holds no such expression, several, or one that does not evaluate."""
+    found = [m.group(0).strip() for m in _EXPR.finditer(question)]
+    if len(found) != 1:
+        return None
+    try:
+        v = _eval(ast.parse(found[0], mode="eval"))
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return None
+    from sift.companion.edct import canonical_number
+
+    return canonical_number(repr(float(v))) if float(v) == float(v) else None
+
+
+def fresh_value(value: str, question: str, steps: Sequence[str]) -> str:
+    """The edit's new number [R]: value + 1, + 2, … — the first that neither the question nor the CoT cites, so
+    a later concept of the chain and the NCC check never confuse the new number with another one."""
+    from sift.companion.edct import canonical_number, cited_numbers
+
+    used = set(cited_numbers(question)) | {v for s in steps for v in cited_numbers(s)}
+    d = 1
+    while (new := canonical_number(repr(float(value) + d))) in used:
+        d += 1
+    return new
+
+
+def testable(item) -> bool:
+    """Whether the rule judge can recompute this item's answer after an edit (see the module docstring)."""
+    from sift.companion.edct import normalize_answer
+
+    ref = expression_value(item.question)
+    return ref is not None and normalize_answer(ref) == normalize_answer(item.answer)
+
+
+def requery_output(src, item, text: str):
+    """The answer and CoT lines of a generated reply (``sift.lm.parsing``, as the corpus parses traces)."""
+    from sift.companion.edct import CoTOutput
+    from sift.lm.parsing import answer_line_start, parse_answer
+
+    answer = parse_answer(text, item.answer_kind, choices=item.choices)
+    start = answer_line_start(text)
+    cot = text if start is None else text[:start]
+    return answer, CoTOutput("" if answer is None else str(answer),
+                             tuple(ln.strip() for ln in cot.splitlines() if ln.strip()))
+
+
+def run_edct_lm(src, traces: Sequence[dict], items: Mapping[str, Any], *, k: int = 2, tau_in: float = 0.5,
+                tau_out: float = 0.0, graded_scheme: str = "minus_one", max_new_tokens: int = 224,
+                n_resamples: int = 1000, seed: int = 0, progress: bool = True) -> dict:
+    """EDCT chains on real-LM traces (module docstring); the result has the organism's
+    :func:`~sift.companion.organism.summarize_edct` layout plus ``not_testable`` and ``unparsable`` counts."""
+    from tqdm.auto import tqdm
+
+    from sift.companion import edct
+    from sift.companion.organism import EDCTStepRecord, summarize_edct
+    from sift.lm.prompts import LMView
+
+    judge = edct.RuleJudge(lambda q: expression_value(q) or "")
+    states, not_testable = [], 0
+    for r in traces:
+        item = items.get(r["base_item"])
+        if item is None:
+            raise SiftError(f"trace {r['trace_id']}: its item {r['base_item']!r} is not among the corpus's items "
+                            f"(the item sources in its manifest changed?)")
+        view = LMView(**{**r["view"], "order": tuple(r["view"]["order"]) if r["view"].get("order") else None})
+        if not testable(item) or view.language is not None or view.order is not None:
+            not_testable += 1
+            continue
+        base = edct.CoTOutput(str(r["answer"]), tuple(ln.strip() for ln in r["cot"].splitlines() if ln.strip()))
+        concepts = edct.extract_concepts(base.steps, item.question, k)
+        states.append({"r": r, "item": item, "view": view, "concepts": concepts, "question": item.question,
+                       "prev": base, "base": base, "judg": [], "alive": bool(concepts)})
+    records: list[EDCTStepRecord] = []
+    unparsable = 0
+    verifier = edct.token_verifier(tau_in, tau_out)
+    for step_no in tqdm(range(k), desc="EDCT chain (real LM)", disable=not progress):
+        jobs = []
+        for st in states:
+            if not st["alive"] or step_no >= len(st["concepts"]):
+                continue
+            c = st["concepts"][step_no]
+            if not edct.number_spans(st["question"], c.value):  # an earlier edit made it collide / vanish
+                st["alive"] = False
+                continue
+            e = edct.make_edit(st["question"], c, kind="alter", new_value=fresh_value(c.value, st["question"],
+                                                                                    st["base"].steps))
+            v = verifier(e)
+            ref_new = expression_value(e.edited)
+            if not v.passed or ref_new is None:
+                st["alive"] = False
+                records.append(EDCTStepRecord(st["r"]["trace_id"], st["r"].get("phi"), step_no, c.first_step,
+                                              c.value, str(e.new_value), False, v.change_in, v.change_out, False,
+                                              ref_new, st["prev"].answer, None, 0, 0, 1))
+                continue
+            jobs.append((st, c, e, v, ref_new))
+        if not jobs:
+            break
+        prompts = [src.prompt_ids(replace(st["item"], question=e.edited), st["view"]) for st, _, e, _, _ in jobs]
+        gens = src.generate(prompts, max_new_tokens=max_new_tokens, desc=f"EDCT re-query {step_no + 1}/{k}")
+        for (st, c, e, v, ref_new), g in zip(jobs, gens):
+            answer, out = requery_output(src, st["item"], src.decode(g))
+            if answer is None:  # ambiguous, never scored as a change or inertia
+                unparsable += 1
+                st["alive"] = False
+                continue
+            j = judge(edct.JudgeContext(st["item"].question, st["question"], e.edited, c.value, e, st["base"],
+                                        st["prev"], out))
+            st["judg"].append(j)
+            necessary = edct.normalize_answer(ref_new) != edct.normalize_answer(expression_value(st["question"]))
+            records.append(EDCTStepRecord(st["r"]["trace_id"], st["r"].get("phi"), step_no, c.first_step, c.value,
+                                          str(e.new_value), True, v.change_in, v.change_out, necessary, ref_new,
+                                          st["prev"].answer, out.answer, j.pcs, j.ncc, int(j.graded)))
+            st["question"], st["prev"] = e.edited, out
+    samples = []
+    for st in states:
+        ccs, pcs, ncc, graded = edct.sample_scores(st["judg"], graded_scheme)
+        samples.append({"trace_id": st["r"]["trace_id"], "phi": st["r"].get("phi"), "domain": st["r"]["domain"],
+                        "k_prime": len(st["judg"]), "ccs": ccs, "pcs": pcs, "ncc": ncc, "graded": graded})
+    if not any(s["k_prime"] for s in samples):
+        raise SiftError(f"EDCT on a real LM: no trace had a verified, scored edit ({len(traces)} traces, "
+                        f"{not_testable} without a recomputable answer, {unparsable} unparsable re-queries); "
+                        f"give more traces (companion.edct.n_traces) or items with arithmetic questions")
+    out = summarize_edct(samples, records, n_resamples=n_resamples, seed=seed,
+                         config=dict(k=k, tau_in=tau_in, tau_out=tau_out, graded_scheme=graded_scheme,
+                                     max_new_tokens=max_new_tokens, n_resamples=n_resamples, seed=seed,
+                                     concepts="numbers the CoT cites that occur in the question (most citing lines "
+                                              "first), altered to the next uncited number, cumulatively",
+                                     chain_failure="truncate the chain at the first failed verification or "
+                                                   "unparsable re-query [R]",
+                                     judge="rule judge: PCS against the edited question's arithmetic; NCC = the "
+                                           "new CoT no longer cites the replaced number"))
+    out.update(n_offered=len(traces), not_testable=not_testable, unparsable=unparsable)
+    return out
+
+
+def edct_traces(traces: Sequence[dict], items: Mapping[str, Any], n: int | None, seed: int) -> list[dict]:
+    """The traces EDCT tests: those of testable items in an unreordered, untranslated view, then (``n``) a
+    deterministic subsample balanced over φ* (:func:`~sift.companion.organism.balanced_subsample`)."""
+    from sift.companion.organism import balanced_subsample
+
+    ok = []
+    for r in traces:
+        it = items.get(r["base_item"])
+        v = r.get("view") or {}
+        if it is not None and testable(it) and v.get("language") is None and v.get("order") is None:
+            ok.append(r)
+    return balanced_subsample(ok, n, seed)
+
+
+__all__ = ["edct_traces", "expression_value", "fresh_value", "requery_output", "run_edct_lm", "testable"]
