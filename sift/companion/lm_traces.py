@@ -26,6 +26,7 @@ from sift.errors import SiftError
 from sift.lm.generation import cache_arg, cache_of, left_padded
 
 OPTION_LINE = re.compile(r"^\(([A-Z])\)\s", re.M)
+OPTION_TEXT = re.compile(r"^\(([A-Z])\)\s+(.*)$", re.M)
 
 
 def answer_space(trace: dict) -> tuple[str, ...]:
@@ -136,10 +137,16 @@ def prepare_lm(src, scorer: LMAnswerScorer, traces: Sequence[dict]) -> list:
     from sift.companion.organism import Prepared
 
     out = []
+    # views of one item share its candidates: numeric spaces are the union over the item's traces given here
+    union: dict[str, set] = {}
+    for r in traces:
+        if not OPTION_LINE.search(r.get("prompt") or ""):
+            union.setdefault(r["base_item"], set()).update(answer_space(r))
     for r in traces:
         cot_ids = list(r["generated_ids"][r["cot_span"][0]:r["cot_span"][1]])
         cot = src.decode(cot_ids)
-        space = answer_space(r)
+        options = dict(OPTION_TEXT.findall(r.get("prompt") or ""))
+        space = answer_space(r) if options else tuple(sorted(union[r["base_item"]]))
         if r.get("gold_answer") is not None and str(r["gold_answer"]) not in space:
             raise SiftError(f"trace {r['trace_id']}: gold answer {r['gold_answer']!r} is not among its options "
                             f"{list(space)}")
@@ -147,7 +154,8 @@ def prepare_lm(src, scorer: LMAnswerScorer, traces: Sequence[dict]) -> list:
         lines = line_steps(src, cot_ids)
         out.append(Prepared(r, list(r["prompt_ids"]) + cot_ids + src.answer_prefix(cot), len(r["prompt_ids"]),
                             len(cot_ids), space, space_ids, np.zeros(0), -1,
-                            [src.decode(cot_ids[a:b]) for a, b in lines], lines))
+                            [src.decode(cot_ids[a:b]) for a, b in lines], lines,
+                            tuple(options[v].strip() for v in space) if options else None))
     groups: dict[tuple, list] = {}
     for p in out:
         groups.setdefault(tuple(p.space_ids), []).append(p)

@@ -168,6 +168,13 @@ class Prepared:
     pred: int
     cot_words: list[str]
     steps: list[tuple[int, int]] = field(default_factory=list)  #: CoT step spans (word positions, ';' included)
+    #: the candidates in a view-independent form (real LMs: an option's text, since reordered options are
+    #: relabelled); None: ``space`` itself
+    canon: tuple[str, ...] | None = None
+
+    def key(self, i: int) -> str:
+        """Candidate ``i`` as views of one item can compare it."""
+        return (self.canon or self.space)[i]
 
     @property
     def phi(self):
@@ -675,9 +682,14 @@ def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_resamples: 
         pairs = [(base[(p.trace["family"], p.trace["base_item"])], p) for p in prepared
                  if p.trace["condition"] == cond and (p.trace["family"], p.trace["base_item"]) in base]
         if pairs:
-            fr = float(np.mean([a.space[a.pred] != b.space[b.pred] for a, b in pairs]))
-            tv = float(np.mean([0.5 * np.abs(a.full_probs - b.full_probs).sum() for a, b in pairs]))
-            flips[cond] = {"n": len(pairs), "flip_rate": fr, "tv": tv}
+            fr = float(np.mean([a.key(a.pred) != b.key(b.pred) for a, b in pairs]))
+            # TV over the candidates both views share (a real LM's views of an item may offer different ones)
+            same = [(a, b) for a, b in pairs if sorted(map(a.key, range(len(a.space)))) ==
+                    sorted(map(b.key, range(len(b.space))))]
+            tv = [0.5 * sum(abs(dict(zip(map(a.key, range(len(a.space))), a.full_probs))[k] - pb)
+                            for k, pb in zip(map(b.key, range(len(b.space))), b.full_probs)) for a, b in same]
+            flips[cond] = {"n": len(pairs), "flip_rate": fr, "tv": float(np.mean(tv)) if tv else float("nan"),
+                           "tv_n": len(same)}
     out["flips"] = flips
     lab = [(p.phi, 1 - p.full_probs.max()) for p in prepared if p.phi in (0, 1)]
     if len({x for x, _ in lab}) == 2:

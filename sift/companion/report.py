@@ -365,8 +365,9 @@ def system1_section(cfg, org: _Organism, out: Path) -> Section:
               f"{_f(r['ece_m'])} {_ci(*r['ece_m_ci'])}", r["brier"], r["auroc_p"], r["auroc_c"], r["e_aurc"]]]))
         if r["flips"]:
             md.append("Flip rate and TV of the answer distribution against the base view of the same item and model:")
-            md.append(markdown_table(["view", "n", "flip rate", "TV"],
-                                     [[k, v["n"], v["flip_rate"], v["tv"]] for k, v in r["flips"].items()]))
+            md.append(markdown_table(["view", "n", "flip rate", "TV (pairs with the same candidates)"],
+                                     [[k, v["n"], v["flip_rate"], f"{_f(v['tv'])} (n={v['tv_n']})"]
+                                      for k, v in r["flips"].items()]))
         if "guard" in r:
             g = r["guard"]
             md.append(f"Guard (positives: φ* = 0, score 1 − max p): AUROC {_f(g['auroc'])}, PR-AUC {_f(g['pr_auc'])}, "

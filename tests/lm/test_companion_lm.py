@@ -229,3 +229,25 @@ def test_edct_lm_unparsable_requery_ends_the_chain_unscored():
     replies = {k: "Step 1: I am not sure." for k in replies}
     with pytest.raises(SiftError, match="no trace had a verified, scored edit"):
         run_edct_lm(_CharSource(False, replies), traces[:3], items, k=2, n_resamples=50, progress=False)
+
+
+def test_system1_flips_compare_option_texts_across_reordered_views():
+    from sift.companion.organism import Prepared, run_system1
+
+    def prep(cond, space, canon, probs, item="m1"):
+        tr = {"trace_id": f"f|{item}|{cond}|0", "family": "f", "base_item": item, "condition": cond,
+              "answer": space[int(np.argmax(probs))], "gold_answer": space[0], "phi": 1}
+        return Prepared(tr, [], 0, 0, tuple(space), [], np.array(probs), int(np.argmax(probs)), [], [], canon)
+
+    base = prep("base", "ABC", ("x", "y", "z"), [0.7, 0.2, 0.1])
+    # the same distribution over option texts, the options relabelled: no flip, TV 0 (letters alone would flip)
+    moved = prep("step_reordering", "ABC", ("z", "x", "y"), [0.1, 0.7, 0.2])
+    # another view answering "y": a flip, TV = 0.5 (|.7-.2| + |.2-.7| + 0) / 2
+    para = prep("paraphrase", "ABC", ("x", "y", "z"), [0.2, 0.7, 0.1])
+    # numeric views whose candidates differ: the decision is compared, the TV is not
+    nb = prep("base", ("3", "4"), None, [0.9, 0.1], item="n1")
+    nh = prep("paraphrase", ("3", "4", "5"), None, [0.2, 0.7, 0.1], item="n1")
+    r = run_system1([base, moved, para, nb, nh], n_resamples=20)["flips"]
+    assert r["step_reordering"] == {"n": 1, "flip_rate": 0.0, "tv": pytest.approx(0.0), "tv_n": 1}
+    assert r["paraphrase"]["n"] == 2 and r["paraphrase"]["flip_rate"] == 1.0
+    assert r["paraphrase"]["tv_n"] == 1 and r["paraphrase"]["tv"] == pytest.approx(0.5)
