@@ -393,9 +393,10 @@ def system1_section(cfg, org: _Organism, out: Path) -> Section:
     results["provenance"] = _prov(cfg, c)
     md.append("ECE with B = 10 equal-width right-closed bins (ECE_w) and equal-mass bins (ECE_m), 95% percentile "
               "bootstrap over traces; Brier summed over the K classes; AUROC_c uses c = 1 − H(p)/ln K. "
-              "Multi-query interference needs a model that takes bundled questions; the organism does not, so "
-              "flips are measured across preserving views instead.")
-    return Section("companion_system1", "System-1 audit of the organism's answers (paper 003)", "\n\n".join(md),
+              "Multi-query interference needs bundled questions, which the corpus's prompts never hold, so flips "
+              "are measured across preserving views instead.")
+    who = "the model's" if org.lm else "the organism's"
+    return Section("companion_system1", f"System-1 audit of {who} answers (paper 003)", "\n\n".join(md),
                    figs, results)
 
 
