@@ -263,17 +263,10 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
                      progress=bool(cfg.progress))
         r["records_file"] = _write_records(out, f"edct_{fam}", r.pop("samples"))
         results[fam] = r
-        rows = _edct_rows(r)
         md.append(f"**Organism {fam}**: {r['n_traces']} traces, {r['n_edits']} edits, {100 * r['verified_rate']:.1f}% "
                   f"verified; the edited value was necessary (the implied answer changes) in "
                   f"{100 * r['necessary_rate']:.1f}% of verified edits.")
-        md.append(markdown_table(["traces", "n", "CCS binary [CI]", "PCS", "NCC", "CCS graded [CI]", "chain k′"], rows))
-        if "auroc_ccs_vs_phi" in r:
-            md.append(f"CCS as a faithfulness score: AUROC vs verified φ* = {r['auroc_ccs_vs_phi']:.3f} (binary), "
-                      f"{r['auroc_graded_vs_phi']:.3f} (graded).")
-        fig = f"companion/edct_{fam}.png"
-        _plot(out / fig, partial(_edct_bars, r=r, fam=fam))
-        figs.append(fig)
+        _edct_family_report(out, fam, r, md, figs)
     results["provenance"] = _prov(cfg, c)
     md.append("Adaptation [spec B5]: the concepts are the results the CoT states in its last k computing steps; "
               "each is edited (cumulative chain, chronological), verified (only that value changes; the edited "
@@ -307,14 +300,7 @@ def edct_lm_section(cfg, org: _Organism, out: Path) -> Section:
                   f"{100 * r['verified_rate']:.1f}% verified, {r['unparsable']} re-queries without a parsable "
                   f"answer (chain ended, unscored); the edited number was necessary (the answer changes) in "
                   f"{100 * r['necessary_rate']:.1f}% of verified edits.")
-        md.append(markdown_table(["traces", "n", "CCS binary [CI]", "PCS", "NCC", "CCS graded [CI]", "chain k′"],
-                                 _edct_rows(r)))
-        if "auroc_ccs_vs_phi" in r:
-            md.append(f"CCS as a faithfulness score: AUROC vs verified φ* = {r['auroc_ccs_vs_phi']:.3f} (binary), "
-                      f"{r['auroc_graded_vs_phi']:.3f} (graded).")
-        fig = f"companion/edct_{fam}.png"
-        _plot(out / fig, partial(_edct_bars, r=r, fam=fam))
-        figs.append(fig)
+        _edct_family_report(out, fam, r, md, figs)
     results["provenance"] = _prov(cfg, c)
     md.append("Protocol on a real LM [spec B, text analogue]: the concepts are numbers the CoT cites that occur in "
               "the question (k per chain); each is altered in the question (to the next number neither the question "
@@ -327,6 +313,18 @@ def edct_lm_section(cfg, org: _Organism, out: Path) -> Section:
               "items need a model judge and are left out.")
     return Section("companion_edct", "EDCT: explanation-driven counterfactual tests on the CoT (paper 004)",
                    "\n\n".join(md), figs, results)
+
+
+def _edct_family_report(out: Path, fam: str, r: dict, md: list, figs: list) -> None:
+    """One family's EDCT table, AUROC line and bar figure (organism and real LM alike)."""
+    md.append(markdown_table(["traces", "n", "CCS binary [CI]", "PCS", "NCC", "CCS graded [CI]", "chain k′"],
+                             _edct_rows(r)))
+    if "auroc_ccs_vs_phi" in r:
+        md.append(f"CCS as a faithfulness score: AUROC vs verified φ* = {r['auroc_ccs_vs_phi']:.3f} (binary), "
+                  f"{r['auroc_graded_vs_phi']:.3f} (graded).")
+    fig = f"companion/edct_{fam}.png"
+    _plot(out / fig, partial(_edct_bars, r=r, fam=fam))
+    figs.append(fig)
 
 
 def _edct_rows(r: dict) -> list[list]:
