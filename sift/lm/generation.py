@@ -61,14 +61,14 @@ def left_padded(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tenso
 
 
 class RowSampler:
-    """A ``transformers`` logits processor that samples each row from its own seeded stream.
+    """Samples each row from its own seeded stream (temperature, then top-p, then an inverse-CDF draw).
 
-    At every step it applies temperature and top-p to a row's scores, draws one uniform number from the row's
-    ``torch.Generator`` (always on the CPU, so draws are the same on every device) and picks the token by inverse
-    CDF over the kept tokens, sorted by probability; all other tokens are set to ``-inf``, so greedy decoding
-    (``generate(do_sample=False)``) emits exactly the drawn token. Each row consumes exactly one draw per step,
-    so its t-th token depends only on its seed and its own scores; draws of rows that have already finished are
-    discarded by ``generate``.
+    A row's scores are turned into probabilities with temperature and top-p; one uniform number from the row's
+    ``torch.Generator`` (always on the CPU, so draws are the same on every device) picks the token by inverse CDF
+    over the kept tokens, sorted by probability. Each row consumes exactly one draw per step while it is
+    generating, so its t-th token depends only on its seed and its own scores, whatever the batch around it.
+    Called as a ``transformers`` logits processor it returns scores that are ``-inf`` everywhere but at the drawn
+    token, so greedy decoding emits exactly that token.
     """
 
     def __init__(self, seeds: Sequence[int], *, temperature: float = 1.0, top_p: float = 1.0):
@@ -83,23 +83,29 @@ class RowSampler:
             g.manual_seed(int(s) & SEED_MASK)
             self.generators.append(g)
 
-    def draws(self) -> torch.Tensor:
-        """One uniform in [0, 1) per row, each from the row's own stream (float64)."""
-        return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in self.generators])
+    def draws(self, rows: Sequence[int] | None = None) -> torch.Tensor:
+        """One uniform in [0, 1) per row (all rows, or the given ones), each from the row's own stream (float64)."""
+        gens = self.generators if rows is None else [self.generators[r] for r in rows]
+        return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gens])
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if scores.shape[0] != len(self.generators):
-            raise SiftError(f"RowSampler has {len(self.generators)} seeds but the batch has {scores.shape[0]} rows")
+    def choose(self, scores: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
+        """The drawn token per row of ``scores`` ([rows, vocab]); ``rows`` names the seed of each score row."""
+        n = len(self.generators) if rows is None else len(rows)
+        if scores.shape[0] != n:
+            raise SiftError(f"RowSampler has {n} seeds but the batch has {scores.shape[0]} rows")
         probs = torch.softmax(scores.float() / self.temperature, dim=-1)
         sp, si = probs.sort(dim=-1, descending=True, stable=True)
         mass_before = sp.cumsum(-1) - sp
         sp = sp * (mass_before < self.top_p)  # the smallest prefix whose mass reaches top_p (the top token always)
         cdf = sp.double().cumsum(-1)
-        target = self.draws().to(cdf.device).unsqueeze(-1) * cdf[:, -1:]
+        target = self.draws(rows).to(cdf.device).unsqueeze(-1) * cdf[:, -1:]
         pos = torch.searchsorted(cdf, target, right=True)
         kept = (sp > 0).sum(-1, keepdim=True)
         pos = torch.minimum(pos, (kept - 1).clamp(min=0))
-        token = si.gather(-1, pos)
+        return si.gather(-1, pos).squeeze(-1)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        token = self.choose(scores).unsqueeze(-1)
         out = torch.full_like(scores, float("-inf"))
         return out.scatter_(-1, token, 0.0)
 
@@ -108,15 +114,57 @@ def _eos_list(eos_id: int | Sequence[int]) -> list[int]:
     return [int(eos_id)] if isinstance(eos_id, int) else [int(e) for e in eos_id]
 
 
-def _strip(row: list[int], eos: list[int], pad_id: int) -> list[int]:
-    cut = next((k for k, t in enumerate(row) if t in eos), len(row))
-    row = row[:cut]
-    while row and row[-1] == pad_id:
-        row.pop()
-    return row
+def _forward_kwargs(model) -> dict:
+    """Ask for the last position's logits only where the model supports it (a prompt's full logits are large)."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def _select_rows(cache, keep: torch.Tensor):
+    """The KV cache restricted to the rows ``keep`` (a Cache object in place, or a legacy tuple rebuilt)."""
+    if hasattr(cache, "batch_select_indices"):
+        cache.batch_select_indices(keep)
+        return cache
+    return tuple(tuple(t[keep] for t in layer) for layer in cache)
 
 
 @torch.no_grad()
+def _decode_batch(model, chunk: list[list[int]], *, pad_id: int, eos: list[int], max_new_tokens: int,
+                  sampler: RowSampler | None) -> list[list[int]]:
+    """Greedy or seeded decoding of one left-padded batch with a KV cache; a row leaves the batch when it ends.
+
+    Rows that emitted an eos are dropped from the cache, so the remaining steps cost only the rows still
+    generating (``model.generate`` keeps every row until the longest one ends, padding the finished ones).
+    Scores are the last position's logits in float32, as in ``model.generate``; greedy picks the first arg max.
+    """
+    device = next(model.parameters()).device
+    ids, mask, pos = (t.to(device) for t in left_padded(chunk, pad_id))
+    cache_name, extra = cache_arg(model), _forward_kwargs(model)
+    res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **extra)
+    out: list[list[int]] = [[] for _ in chunk]
+    active = list(range(len(chunk)))  # the batch row each cache row belongs to
+    last = pos[:, -1:]
+    for step in range(max_new_tokens):
+        scores = res.logits[:, -1, :].float()
+        tokens = sampler.choose(scores, active) if sampler is not None else scores.argmax(-1)
+        keep = []
+        for j, t in enumerate(tokens.tolist()):
+            if t not in eos:
+                out[active[j]].append(t)
+                keep.append(j)
+        if not keep or step == max_new_tokens - 1:
+            break
+        cache = cache_of(res)
+        if len(keep) < len(active):
+            sel = torch.tensor(keep, device=device)
+            cache, mask, last, tokens = _select_rows(cache, sel), mask[sel], last[sel], tokens[sel]
+            active = [active[j] for j in keep]
+        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+        last = last + 1
+        res = model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=last, use_cache=True,
+                    **{cache_name: cache}, **extra)
+    return out
+
+
 def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id: int | Sequence[int],
                  max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
                  seeds: Sequence[int] | None = None, seed: int | None = None,
@@ -126,7 +174,9 @@ def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id
     With ``do_sample``, ``seeds`` gives one seed per prompt (see :func:`trace_seed`); a prompt's sample is then
     the same in any batch. The old ``seed=`` keyword still works: without ``seeds`` the prompts get
     ``trace_seed(str(i), seed)`` by index ``i`` (so they then depend on the prompt's index in ``prompts``).
-    ``eos_id`` may be one id or several (generation stops at any of them; none is returned).
+    ``eos_id`` may be one id or several (generation stops at any of them; none is returned). The returned ids
+    are exactly the tokens generated (greedy: the same as ``model.generate(do_sample=False)`` without the
+    model's own generation config, such as a repetition penalty).
     """
     if do_sample:
         if seeds is None:
@@ -134,24 +184,17 @@ def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id
             seeds = [trace_seed(str(i), base) for i in range(len(prompts))]
         if len(seeds) != len(prompts):
             raise SiftError(f"{len(seeds)} seeds for {len(prompts)} prompts; sampling needs one seed per prompt")
+    if max_new_tokens < 1:
+        raise SiftError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
     eos = _eos_list(eos_id)
     model.eval()
-    device = next(model.parameters()).device
     out: list[Generation] = []
     for start in range(0, len(prompts), batch_size):
         chunk = [list(p) for p in prompts[start:start + batch_size]]
-        ids, mask, _ = left_padded(chunk, pad_id)
-        width = ids.shape[1]
-        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_id, eos_token_id=eos[0] if len(eos) == 1
-                      else eos, use_cache=True, do_sample=False)
-        if do_sample:
-            from transformers import LogitsProcessorList
-
-            sampler = RowSampler(seeds[start:start + batch_size], temperature=temperature, top_p=top_p)
-            kwargs["logits_processor"] = LogitsProcessorList([sampler])
-        gen = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
-        new = gen[:, width:].tolist()
-        out += [Generation(p, _strip(row, eos, pad_id)) for p, row in zip(chunk, new)]
+        sampler = (RowSampler(seeds[start:start + batch_size], temperature=temperature, top_p=top_p)
+                   if do_sample else None)
+        new = _decode_batch(model, chunk, pad_id=pad_id, eos=eos, max_new_tokens=max_new_tokens, sampler=sampler)
+        out += [Generation(p, row) for p, row in zip(chunk, new)]
     return out
 
 
