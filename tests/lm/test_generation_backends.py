@@ -329,3 +329,24 @@ def test_tiny_gguf_converts_to_an_equivalent_folder(monkeypatch, tmp_path):
     with torch.no_grad():
         np.testing.assert_allclose(m3(ids).logits.numpy(), model(ids).logits.numpy(), atol=1e-5)
     assert resolve_model_path(str(gguf)) == str(folder)
+
+
+def test_a_finished_row_leaves_the_batch(lm, monkeypatch):
+    """Once a row emits the eos, later forward passes carry only the rows still generating; ids are unchanged."""
+    model, tok, prompts = lm
+    unused = len(tok) + 5  # never generated
+    lone = generate_ids(model, [prompts[1]], pad_id=tok.pad_token_id, eos_id=unused, max_new_tokens=1)
+    eos = lone[0].new_ids[0]  # prompt 1's first greedy token: as eos, row 1 ends at step one
+    rows = []
+    forward = model.forward
+
+    def counting(*a, **kw):
+        rows.append(kw["input_ids"].shape[0])
+        return forward(*a, **kw)
+
+    monkeypatch.setattr(model, "forward", counting)
+    got = [g.new_ids for g in generate_ids(model, prompts, pad_id=tok.pad_token_id, eos_id=eos, max_new_tokens=8)]
+    monkeypatch.undo()
+    assert got[1] == [] and rows[0] == 4 and rows[1] <= 3 and rows == sorted(rows, reverse=True)
+    assert len(rows) == 1 + max(len(g) for g in got) - (max(len(g) for g in got) == 8)
+    assert got == _old_greedy(model, prompts, tok.pad_token_id, eos, 8)
