@@ -119,49 +119,116 @@ def _forward_kwargs(model) -> dict:
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
 
 
-def _select_rows(cache, keep: torch.Tensor):
-    """The KV cache restricted to the rows ``keep`` (a Cache object in place, or a legacy tuple rebuilt)."""
-    if hasattr(cache, "batch_select_indices"):
-        cache.batch_select_indices(keep)
-        return cache
-    return tuple(tuple(t[keep] for t in layer) for layer in cache)
+def _growing_layers(cache) -> list | None:
+    """The cache's layers if each is a plain growing key/value layer (rows can then be merged in), else None."""
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # pragma: no cover - older transformers: no refill, finished rows still leave
+        return None
+    layers = getattr(cache, "layers", None)
+    ok = layers and all(type(layer) is DynamicLayer and layer.is_initialized for layer in layers)
+    return layers if ok else None
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``t`` with zeros prepended along ``dim`` up to ``width``."""
+    short = width - t.shape[dim]
+    if short <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = short
+    return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+
+class _Batch:
+    """The rows being decoded: prompt indices, their KV cache, attention mask, last positions and next scores."""
+
+    def __init__(self, model, prompts: list[list[int]], rows: list[int], pad_id: int, extra: dict):
+        device = next(model.parameters()).device
+        ids, self.mask, pos = (t.to(device) for t in left_padded([prompts[r] for r in rows], pad_id))
+        res = model(input_ids=ids, attention_mask=self.mask, position_ids=pos, use_cache=True, **extra)
+        self.rows, self.last, self.cache = list(rows), pos[:, -1:], cache_of(res)
+        self.scores = res.logits[:, -1, :].float()
+
+    def keep(self, keep: list[int]) -> None:
+        """Keep the rows at positions ``keep``; drop key/value columns that no remaining row attends to."""
+        if len(keep) < len(self.rows):
+            sel = torch.tensor(keep, device=self.mask.device)
+            if hasattr(self.cache, "batch_select_indices"):
+                self.cache.batch_select_indices(sel)
+            else:  # a legacy tuple cache
+                self.cache = tuple(tuple(t[sel] for t in layer) for layer in self.cache)
+            self.mask, self.last, self.scores = self.mask[sel], self.last[sel], self.scores[sel]
+            self.rows = [self.rows[j] for j in keep]
+        layers = _growing_layers(self.cache)
+        first = int(self.mask.any(0).nonzero()[0]) if self.rows else 0
+        if layers is not None and first > 0:
+            self.mask = self.mask[:, first:]
+            for layer in layers:
+                layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+    def can_merge(self) -> bool:
+        return _growing_layers(self.cache) is not None
+
+    def merge(self, other: _Batch) -> None:
+        """Append ``other``'s rows: both caches left-padded (masked) to the wider one, then stacked."""
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        for mine, theirs in zip(_growing_layers(self.cache), _growing_layers(other.cache)):
+            mine.keys = torch.cat([_left_pad(mine.keys, width, 2), _left_pad(theirs.keys, width, 2)])
+            mine.values = torch.cat([_left_pad(mine.values, width, 2), _left_pad(theirs.values, width, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(other.mask, width, 1)])
+        self.last = torch.cat([self.last, other.last])
+        self.scores = torch.cat([self.scores, other.scores])
+        self.rows += other.rows
+
+    def step(self, model, tokens: torch.Tensor, cache_name: str, extra: dict) -> None:
+        """Feed one token per row; the next scores are the last position's logits in float32."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(self.rows), 1))], dim=1)
+        self.last = self.last + 1
+        res = model(input_ids=tokens.unsqueeze(-1), attention_mask=self.mask, position_ids=self.last, use_cache=True,
+                    **{cache_name: self.cache}, **extra)
+        self.cache, self.scores = cache_of(res), res.logits[:, -1, :].float()
 
 
 @torch.no_grad()
-def _decode_batch(model, chunk: list[list[int]], *, pad_id: int, eos: list[int], max_new_tokens: int,
-                  sampler: RowSampler | None) -> list[list[int]]:
-    """Greedy or seeded decoding of one left-padded batch with a KV cache; a row leaves the batch when it ends.
+def _decode(model, prompts: list[list[int]], *, pad_id: int, eos: list[int], max_new_tokens: int,
+            sampler: RowSampler | None, batch_size: int) -> list[list[int]]:
+    """Greedy or seeded decoding of every prompt with at most ``batch_size`` rows in flight.
 
-    Rows that emitted an eos are dropped from the cache, so the remaining steps cost only the rows still
-    generating (``model.generate`` keeps every row until the longest one ends, padding the finished ones).
-    Scores are the last position's logits in float32, as in ``model.generate``; greedy picks the first arg max.
+    A row leaves the batch (and the KV cache) when it emits an eos or reaches ``max_new_tokens``, and the next
+    prompts in line take the free places: they are prefilled together and merged into the cache, left-padded to
+    a common width (the padding is masked). So every decode step carries a full batch while prompts remain,
+    where ``model.generate`` keeps decoding finished rows as padding until the longest row of a batch ends.
+    Scores are the last position's logits in float32, as in ``model.generate``; greedy takes the first arg max.
+    Caches that cannot be merged (not a growing key/value cache) are decoded batch by batch instead.
     """
-    device = next(model.parameters()).device
-    ids, mask, pos = (t.to(device) for t in left_padded(chunk, pad_id))
     cache_name, extra = cache_arg(model), _forward_kwargs(model)
-    res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **extra)
-    out: list[list[int]] = [[] for _ in chunk]
-    active = list(range(len(chunk)))  # the batch row each cache row belongs to
-    last = pos[:, -1:]
-    for step in range(max_new_tokens):
-        scores = res.logits[:, -1, :].float()
-        tokens = sampler.choose(scores, active) if sampler is not None else scores.argmax(-1)
+    out: list[list[int]] = [[] for _ in prompts]
+    queue = list(range(len(prompts)))[::-1]  # next prompt at the end
+    batch: _Batch | None = None
+    while queue or batch is not None:
+        free = batch_size - (len(batch.rows) if batch is not None else 0)
+        if queue and free > 0 and (batch is None or batch.can_merge()):
+            admitted = [queue.pop() for _ in range(min(free, len(queue)))]
+            fresh = _Batch(model, prompts, admitted, pad_id, extra)
+            if batch is None:
+                batch = fresh
+            else:
+                batch.merge(fresh)
+        tokens = sampler.choose(batch.scores, batch.rows) if sampler is not None else batch.scores.argmax(-1)
         keep = []
         for j, t in enumerate(tokens.tolist()):
-            if t not in eos:
-                out[active[j]].append(t)
+            r = batch.rows[j]
+            if t in eos:
+                continue
+            out[r].append(t)
+            if len(out[r]) < max_new_tokens:
                 keep.append(j)
-        if not keep or step == max_new_tokens - 1:
-            break
-        cache = cache_of(res)
-        if len(keep) < len(active):
-            sel = torch.tensor(keep, device=device)
-            cache, mask, last, tokens = _select_rows(cache, sel), mask[sel], last[sel], tokens[sel]
-            active = [active[j] for j in keep]
-        mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-        last = last + 1
-        res = model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=last, use_cache=True,
-                    **{cache_name: cache}, **extra)
+        if not keep:
+            batch = None
+            continue
+        batch.keep(keep)
+        batch.step(model, tokens[torch.tensor(keep, device=tokens.device)], cache_name, extra)
     return out
 
 
@@ -169,14 +236,14 @@ def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id
                  max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
                  seeds: Sequence[int] | None = None, seed: int | None = None,
                  batch_size: int = 256) -> list[Generation]:
-    """Greedy (default) or per-prompt seeded sampling; batches of ``batch_size`` prompts, left padding, KV cache.
+    """Greedy (default) or per-prompt seeded sampling, at most ``batch_size`` prompts in flight; KV cache.
 
     With ``do_sample``, ``seeds`` gives one seed per prompt (see :func:`trace_seed`); a prompt's sample is then
     the same in any batch. The old ``seed=`` keyword still works: without ``seeds`` the prompts get
     ``trace_seed(str(i), seed)`` by index ``i`` (so they then depend on the prompt's index in ``prompts``).
     ``eos_id`` may be one id or several (generation stops at any of them; none is returned). The returned ids
     are exactly the tokens generated (greedy: the same as ``model.generate(do_sample=False)`` without the
-    model's own generation config, such as a repetition penalty).
+    model's own generation config, such as a repetition penalty). Prompts enter the batch in the given order.
     """
     if do_sample:
         if seeds is None:
@@ -186,20 +253,18 @@ def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id
             raise SiftError(f"{len(seeds)} seeds for {len(prompts)} prompts; sampling needs one seed per prompt")
     if max_new_tokens < 1:
         raise SiftError(f"max_new_tokens must be >= 1 (got {max_new_tokens})")
-    eos = _eos_list(eos_id)
+    if batch_size < 1:
+        raise SiftError(f"batch_size must be >= 1 (got {batch_size})")
     model.eval()
-    out: list[Generation] = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = [list(p) for p in prompts[start:start + batch_size]]
-        sampler = (RowSampler(seeds[start:start + batch_size], temperature=temperature, top_p=top_p)
-                   if do_sample else None)
-        new = _decode_batch(model, chunk, pad_id=pad_id, eos=eos, max_new_tokens=max_new_tokens, sampler=sampler)
-        out += [Generation(p, row) for p, row in zip(chunk, new)]
-    return out
+    chunk = [list(p) for p in prompts]
+    sampler = RowSampler(seeds, temperature=temperature, top_p=top_p) if do_sample else None
+    new = _decode(model, chunk, pad_id=pad_id, eos=_eos_list(eos_id), max_new_tokens=max_new_tokens,
+                  sampler=sampler, batch_size=batch_size)
+    return [Generation(p, row) for p, row in zip(chunk, new)]
 
 
 class HFBackend:
-    """Free generation with a transformers model: prompts batched by length, results in input order."""
+    """Free generation with a transformers model: prompts enter by length, ``batch_size`` in flight; input order out."""
 
     kind = "hf"
 
@@ -217,16 +282,13 @@ class HFBackend:
         """New ids per prompt (eos excluded), in the order of ``prompts``; ``seeds`` (one per prompt) to sample."""
         if do_sample and (seeds is None or len(seeds) != len(prompts)):
             raise SiftError("sampling needs one seed per prompt (seeds=...)")
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # neighbours in the batch: similar widths
+        gens = generate_ids(self.model, [prompts[i] for i in order], pad_id=self.pad_id, eos_id=self.eos_id,
+                            max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p,
+                            seeds=[seeds[i] for i in order] if do_sample else None, batch_size=self.batch_size)
         out: list[list[int] | None] = [None] * len(prompts)
-        for s in range(0, len(order), self.batch_size):
-            idx = order[s:s + self.batch_size]
-            gens = generate_ids(self.model, [prompts[i] for i in idx], pad_id=self.pad_id, eos_id=self.eos_id,
-                                max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
-                                top_p=top_p, seeds=[seeds[i] for i in idx] if do_sample else None,
-                                batch_size=self.batch_size)
-            for i, g in zip(idx, gens):
-                out[i] = g.new_ids
+        for i, g in zip(order, gens):
+            out[i] = g.new_ids
         return out  # type: ignore[return-value]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -340,6 +341,7 @@ def test_a_finished_row_leaves_the_batch(lm, monkeypatch):
     rows = []
     forward = model.forward
 
+    @functools.wraps(forward)  # the same signature: the cache argument is found by name
     def counting(*a, **kw):
         rows.append(kw["input_ids"].shape[0])
         return forward(*a, **kw)
@@ -350,3 +352,32 @@ def test_a_finished_row_leaves_the_batch(lm, monkeypatch):
     assert got[1] == [] and rows[0] == 4 and rows[1] <= 3 and rows == sorted(rows, reverse=True)
     assert len(rows) == 1 + max(len(g) for g in got) - (max(len(g) for g in got) == 8)
     assert got == _old_greedy(model, prompts, tok.pad_token_id, eos, 8)
+
+
+def test_free_places_are_refilled_with_the_same_ids(lm, monkeypatch):
+    """Two places for four prompts: when a row ends the next prompt is prefilled and merged into the cache.
+    Greedy and seeded ids equal the prompts' runs alone; no forward pass carries more than two rows."""
+    model, tok, prompts = lm
+    unused = len(tok) + 5
+    eos = generate_ids(model, [prompts[0]], pad_id=tok.pad_token_id, eos_id=unused, max_new_tokens=3)[0].new_ids[2]
+    kw = dict(pad_id=tok.pad_token_id, eos_id=eos, max_new_tokens=9)
+    alone = [generate_ids(model, [p], **kw)[0].new_ids for p in prompts]
+    calls = []
+    forward = model.forward
+
+    @functools.wraps(forward)
+    def counting(*a, **k):
+        calls.append(tuple(k["input_ids"].shape))
+        return forward(*a, **k)
+
+    monkeypatch.setattr(model, "forward", counting)
+    together = [g.new_ids for g in generate_ids(model, prompts, batch_size=2, **kw)]
+    monkeypatch.undo()
+    assert together == alone and len(alone[0]) == 2  # row 0 ends early: its place is refilled
+    assert max(rows for rows, _ in calls) == 2
+    assert sum(width > 1 for _, width in calls) >= 2  # a prefill after the first: a merge
+    seeds = [trace_seed(f"p{i}", 4) for i in range(4)]
+    sampled_alone = [_gen(model, tok, [p], [s], eos_id=eos)[0] for p, s in zip(prompts, seeds)]
+    sampled = [g.new_ids for g in generate_ids(model, prompts, seeds=seeds, batch_size=2,
+                                               **{**SAMPLE, "eos_id": eos, "pad_id": tok.pad_token_id})]
+    assert sampled == sampled_alone
