@@ -356,8 +356,27 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         if d not in cfg.detectors:
             raise SiftError(f"instance_ensemble: member {d!r} is not among detectors {list(cfg.detectors)} "
                             f"(list trained detectors, or instance_ensemble=[] for no instance-level ensemble)")
+    check_model_shapes(cfg, out)
     ensure_writable(out, "paths.output_dir")
     return specs
+
+
+def check_model_shapes(cfg: DictConfig, out: Path) -> None:
+    """The source models must share layers and width: the trajectory stage stacks their hidden states into one
+    dataset. Checked from the models' configs before the corpus is generated (hours on a CPU), not after."""
+    if "models" in {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.extract_overrides}:
+        return
+    models = source_models(cfg, out)
+    if len(models) < 2:
+        return
+    from sift.lm.loading import config_shape
+
+    shapes = {fam: config_shape(path) for fam, path in models.items()}
+    if len(set(shapes.values())) > 1:
+        listed = ", ".join(f"{fam}: {n} layers × {d}" for fam, (n, d) in shapes.items())
+        raise SiftError(f"source models differ in layers/width ({listed}); the trajectory stage stacks their hidden "
+                        f"states, so the main job needs models of one shape (e.g. two sizes of one family that share "
+                        f"it, or one model); sift-corpus builds a corpus from models of any shapes")
 
 
 def run_faithshift(cfg: DictConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:

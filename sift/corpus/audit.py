@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from sift.errors import SiftError
 from sift.metrics.classification import auroc_kernel
 
 CONTROLS = ("text_bow", "surface", "prompt_probe")
@@ -293,6 +294,23 @@ def _subset_auroc(y: np.ndarray, oof: np.ndarray | None, mask: np.ndarray, why: 
     return {"auroc": round(auroc_kernel(oof[mask], ys), 4), "n": n, "reason": None}
 
 
+def prompt_state_matrix(states: Sequence[np.ndarray], models: Sequence[str]) -> np.ndarray:
+    """One row per trace. States of one width are stacked as they are; if the models' widths differ, each model
+    gets its own block of columns (zeros elsewhere), so a linear probe on the matrix is one probe per model with a
+    shared intercept and penalty."""
+    widths = {m: s.shape[-1] for m, s in zip(models, states)}
+    if len({s.shape[-1] for s in states}) <= 1:
+        return np.stack(states) if len(states) else np.zeros((0, 0))
+    names = sorted(widths)
+    if any(s.shape[-1] != widths[m] for m, s in zip(models, states)):
+        raise SiftError("prompt-final states of one model differ in width")
+    offset = dict(zip(names, np.cumsum([0] + [widths[m] for m in names[:-1]])))
+    out = np.zeros((len(states), sum(widths.values())))
+    for i, (m, s) in enumerate(zip(models, states)):
+        out[i, offset[m]:offset[m] + widths[m]] = s
+    return out
+
+
 def control_audit(records: Sequence[Mapping[str, Any]], prompt_states: Mapping[str, np.ndarray] | None = None, *,
                   n_splits: int = 5, prompt_states_reason: str | None = None) -> dict[str, Any]:
     """Grouped ``n_splits``-fold CV AUROC of the three controls on the verified traces of a corpus.
@@ -321,7 +339,8 @@ def control_audit(records: Sequence[Mapping[str, Any]], prompt_states: Mapping[s
         "surface": ((lambda: surface_estimator(cat)), surf),
     }
     if prompt_states is not None and rows and all(str(r["trace_id"]) in prompt_states for r in rows):
-        P = np.stack([np.asarray(prompt_states[str(r["trace_id"])], dtype=np.float64) for r in rows])
+        P = prompt_state_matrix([np.asarray(prompt_states[str(r["trace_id"])], dtype=np.float64) for r in rows],
+                                [str(r.get("family")) for r in rows])
         inputs["prompt_probe"] = (prompt_probe_estimator, P)
     else:
         inputs["prompt_probe"] = prompt_states_reason or ("no prompt-final hidden states given" if prompt_states is None

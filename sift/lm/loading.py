@@ -179,6 +179,19 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def config_shape(name_or_path: str) -> tuple[int, int]:
+    """(layers, width) of a model from its config alone, no weights loaded (a GGUF file via its converted folder)."""
+    from transformers import AutoConfig
+
+    path = resolve_model_path(name_or_path)
+    try:
+        cfg = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise SiftError(f"model {name_or_path!r}: cannot read its config ({str(e).splitlines()[0]})") from None
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return int(text.num_hidden_layers), int(text.hidden_size)
+
+
 def _looks_like_path(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.endswith(".gguf") or os.sep in name and name.count("/") != 1
 

@@ -12,6 +12,7 @@ from sift.corpus.audit import (
     SURFACE_FEATURES,
     audit_table,
     control_audit,
+    prompt_state_matrix,
     mark_matched_slice,
     matched_slice,
     slice_summary,
@@ -111,6 +112,25 @@ def test_audit_reaches_one_when_the_label_is_a_text_feature_and_half_when_indepe
     c = control_audit(rs[:40])  # no states: prompt_probe undefined, with the reason
     assert c["controls"]["prompt_probe"]["all"] == {"auroc": None, "n": 40,
                                                       "reason": "no prompt-final hidden states given"}
+
+
+def test_prompt_states_of_models_of_different_widths_get_one_block_each():
+    a, b = np.array([1.0, 2.0]), np.array([3.0, 4.0, 5.0])
+    m = prompt_state_matrix([a, b, a * 2], ["small", "wide", "small"])
+    assert m.tolist() == [[1, 2, 0, 0, 0], [0, 0, 3, 4, 5], [2, 4, 0, 0, 0]]
+    assert prompt_state_matrix([a, a], ["x", "y"]).tolist() == [[1, 2], [1, 2]]  # one width: stacked as before
+    # the audit on two models whose prompt states carry φ* in different coordinates and widths
+    rng = np.random.default_rng(3)
+    rs, states = [], {}
+    for k in range(120):
+        phi, fam = int(rng.random() < 0.5), ("qwen-0.5b", "qwen-1.5b")[k % 2]
+        tid = f"t{k}"
+        rs.append(rec(trace_id=tid, base_item=f"i{k // 2}", family=fam, phi=phi))
+        s = rng.normal(size=6 if k % 2 else 4)
+        s[k % 2] += 3.0 * (2 * phi - 1)
+        states[tid] = s
+    got = control_audit(rs, states)["controls"]["prompt_probe"]["all"]
+    assert got["n"] == 120 and got["auroc"] >= 0.9, got
 
 
 def preds(name, prob, label, items, seed=0):

@@ -61,3 +61,25 @@ def test_the_main_job_runs_on_real_lm_sources(job):
     assert "transfer/model-llama/hidden_probe/seed0" in keys and "transfer/domain-csqa/hidden_probe/seed0" in keys
     results = json.loads((out / "report" / "results.json").read_text())
     assert results and (out / "report" / "report.md").is_file() and res["runs"] == len(keys)
+
+
+def test_models_of_different_shapes_are_refused_before_the_corpus(tiny_dirs, tmp_path):
+    from tinylm import make_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sift.errors import SiftError
+    from sift.faithshift import validate_plan
+
+    tok = make_tokenizer(True)
+    wide = LlamaForCausalLM(LlamaConfig(hidden_size=48, intermediate_size=64, num_hidden_layers=3,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok)))
+    wide.save_pretrained(tmp_path / "wide")
+    tok.save_pretrained(tmp_path / "wide")
+    over = [f"paths.output_dir={tmp_path / 'job'}", "source=hf", "wandb=false", "ablations=[]", "factorial_seeds=[]",
+            "transfer.holdout_models=auto", "transfer.holdout_domains=[]"]
+    with pytest.raises(SiftError, match=r"differ in layers/width \(gpt2: 2 layers × 32, wide: 3 layers × 48\)"):
+        validate_plan(compose("faithshift", [*over, f"source.models=[{tiny_dirs['gpt2']},{tmp_path / 'wide'}]"]),
+                      tmp_path / "job")
+    assert not (tmp_path / "job" / "corpus").exists()  # nothing generated
+    same = compose("faithshift", [*over, f"source.models=[{tiny_dirs['gpt2']},{tiny_dirs['llama']}]"])
+    assert validate_plan(same, tmp_path / "job")  # one shape: the plan stands
