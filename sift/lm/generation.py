@@ -1,8 +1,9 @@
 """Batched generation with a KV cache for any HF causal LM (the organism included), and generation backends.
 
-Prompts are token-id lists (already templated); they are left-padded into one batch so that every row's
-new tokens start at the same position. The exact generated ids are returned, so hidden states can later
-be extracted from precisely the tokens the model produced (never from re-tokenised text).
+Prompts are token-id lists (already templated); they are decoded with a fixed number of rows in flight, left-padded
+under an attention mask, each row with its own positions; a finished row's place goes to the next prompt. The exact
+generated ids are returned, so hidden states can later be extracted from precisely the tokens the model produced
+(never from re-tokenised text).
 
 Sampling is seeded per prompt: each row draws its tokens from its own random stream (:class:`RowSampler`),
 so a prompt's sampled continuation does not depend on the batch it lands in, its position there or its
