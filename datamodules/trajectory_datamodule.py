@@ -11,6 +11,18 @@ Per-step channels ``x`` follow :mod:`datamodules.batch` (``velocity/l*``, ``drif
 per source model (for this split, by the trajectory stage; cached in ``cache_dir``) on the
 final-layer states of traces whose base item is in the train split (answers only: the probe never sees φ*).
 
+Source models of different shapes (layers × width): every model is mapped, as it is loaded, onto the common
+shape (L*, d*) = (fewest layers, smallest width) of the DataModule's models (:mod:`sift.trajectories.common_shape`;
+the cache stays native). Descriptor channels are resampled on relative depth (target layer j reads source layer
+⌊j·L/L* + ½⌋; the last maps to the last), so ``channel_names`` are those of L* layers; ``pooled`` and
+``prompt_pooled`` go through a fixed random projection per model (orthonormal rows scaled by √(d/d*), seeded by
+the model's name), so ``pooled_dim`` = d*. The projection is not learned: it preserves norms, not meaning, and
+two models' projected states share no basis, so a width-dependent detector (e.g. the hidden-state probe) trained
+on one model does not read another model's states in its basis — held-out-model transfer measures exactly that.
+Answer probe, early commitment, scalars and profiles are computed per model at its native shape. A model already
+of the common shape is unchanged (a one-shape DataModule gives the same tensors as without the mapping).
+``common_shape`` (also in ``summary``) records the native shapes, the common one and which models were mapped.
+
 Loaders:
 
 * ``train_dataloader()`` — environment-balanced, for IRM/DANN. **Each step yields ``list[TraceBatch]``**, one
@@ -55,8 +67,9 @@ from sift.errors import SiftError
 from sift.provenance import file_sha256
 from sift.trajectories import cache as C
 from sift.trajectories import features as F
+from sift.trajectories.common_shape import ShapeMap, common_shape
 from sift.trajectories.descriptors import early_commitment
-from sift.trajectories.extract import check_phi, check_record
+from sift.trajectories.extract import check_phi, check_record, descriptor_channels
 from sift.trajectories.probe import early_commitment_curves
 from sift.trajectories.splits import item_splits
 
@@ -229,18 +242,32 @@ class TrajectoryDataModule(pl.LightningDataModule):
         if self.holdout_model is not None and self.holdout_model not in models:
             raise SiftError(f"holdout_model {self.holdout_model!r} not among the extracted models {models}")
         info = {m: man["models"][m] for m in models}
-        dims = {(i["num_layers"], i["hidden_size"]) for i in info.values()}
-        if len(dims) > 1:
-            raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: models {models} differ in layers/width "
-                            f"{sorted(dims)}; one DataModule needs equal shapes (select models=[...])")
+        self._common_shape(info)
         first = info[models[0]]
         self.model_names = sorted(models)
         self._read_traces(traces_path, set(models))
         self._make_splits()
         self._load_descriptors(info)
         self._build(first)
+        self.summary["common_shape"] = self.common_shape
         self._read_pairs(pairs_path)
         self._ready = True
+
+    def _common_shape(self, info: dict) -> None:
+        """The common shape (:mod:`sift.trajectories.common_shape`) and each model's map onto it."""
+        shapes = {m: (int(i["num_layers"]), int(i["hidden_size"])) for m, i in info.items()}
+        L, d = common_shape(shapes)
+        self.shape_maps = {m: ShapeMap(m, *shapes[m], L, d) for m in sorted(info)}
+        for m, mp in self.shape_maps.items():
+            if mp.layers != L and list(info[m]["channels"]) != descriptor_channels(mp.layers):
+                raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: channels of {m!r} are not the descriptor "
+                                f"channels of a {mp.layers}-layer model; cannot map them onto {L} layers")
+        # channel names: the cache's own for one shape (unchanged), else those of the common shape
+        self._stored_channels = descriptor_channels(L) if len(set(shapes.values())) > 1 else None
+        self.common_shape: dict[str, Any] = {"num_layers": L, "hidden_size": d,
+                                             "native": {m: list(s) for m, s in sorted(shapes.items())},
+                                             "mapped": sorted(m for m, mp in self.shape_maps.items()
+                                                              if not mp.identity)}
 
     def _read_traces(self, path: Path, models: set[str]) -> None:
         field_ = C.read_manifest(self.trajectory_dir).get("model_field", "family")
@@ -302,13 +329,16 @@ class TrajectoryDataModule(pl.LightningDataModule):
                 if meta["channels"] != info[m]["channels"]:
                     raise SiftError(f"{path}: channels {meta['channels']} differ from the manifest's")
                 off = t["bin_offsets"].tolist()
+                mp = self.shape_maps[m]  # onto the common shape (the same tensors where the model has it)
+                desc, pooled = mp.channels(t["desc"]), mp.vectors(t["pooled"])
+                prompt_final = mp.vectors(t["prompt_final"]) if "prompt_final" in t else None
                 for i, tid in enumerate(meta["trace_ids"]):
                     if tid not in self.traces:
                         raise SiftError(f"{path}: trace {tid!r} is not in the corpus's traces.jsonl")
-                    self.desc[tid] = {"desc": t["desc"][off[i]:off[i + 1]].clone(),
-                                      "n_tokens": int(t["n_tokens"][i]), "pooled": t["pooled"][i].clone(),
+                    self.desc[tid] = {"desc": desc[off[i]:off[i + 1]].clone(),
+                                      "n_tokens": int(t["n_tokens"][i]), "pooled": pooled[i].clone(),
                                       "scalars": t["scalars"][i].tolist(),
-                                      "prompt_final": t["prompt_final"][i].clone() if "prompt_final" in t else None,
+                                      "prompt_final": prompt_final[i].clone() if prompt_final is not None else None,
                                       "answer_logp": float(t["answer_logp"][i]), "profile": t["profile"][i].tolist()}
         missing = [tid for tid in self.traces if tid not in self.desc]
         if missing:
@@ -323,13 +353,13 @@ class TrajectoryDataModule(pl.LightningDataModule):
             d["ec"] = early_commitment(d["e"], d["n_tokens"])
 
     def _build(self, info: dict) -> None:
-        stored = list(info["channels"])  # velocity…, drift…, attention_stability
+        stored = list(self._stored_channels or info["channels"])  # velocity…, drift…, attention_stability
         all_channels = stored[:-1] + ["early_commitment", "attention_stability"]
         keep = [i for i, c in enumerate(all_channels) if not any(c == d or c.startswith(d) for d in self.drop_channels)]
         self.channel_names = [all_channels[i] for i in keep]
         self.feature_names = F.feature_names(info["profile_names"]) + list(self.surface_names)
         self.feature_groups = F.feature_groups(self.feature_names)
-        self.pooled_dim = int(info["hidden_size"])
+        self.pooled_dim = int(self.common_shape["hidden_size"])
         self.summary: dict[str, Any] = {"ambiguous": 0, "empty_cot": 0, "unassigned": 0}
         buckets: dict[str, list[TraceExample]] = {s: [] for s in SPLITS}
         keep_t = torch.tensor(keep)

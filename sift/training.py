@@ -445,13 +445,20 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
                   n_parameters=n_parameters(model), data_spec={"n_channels": len(spec.channel_names),
                                                                "n_features": len(spec.feature_names),
                                                                "pooled_dim": spec.pooled_dim,
-                                                               "n_envs": spec.n_envs},
+                                                               "n_envs": spec.n_envs,
+                                                               **_common_shape(dm)},
                   wandb=_wandb_info(loggers))
     write_json(out_dir / RESULTS_FILE, rec)
     for lg in loggers:
         lg.finalize("success")
     _finish_wandb()
     return rec, model, dm
+
+
+def _common_shape(dm: Any) -> dict[str, Any]:
+    """``{"common_shape": …}`` when the DataModule mapped source models of different shapes onto one, else {}."""
+    shape = getattr(dm, "common_shape", None)
+    return {"common_shape": shape} if isinstance(shape, dict) and shape.get("mapped") else {}
 
 
 def _train_ensemble(cfg: DictConfig, out_dir: Path, n: int) -> dict[str, Any]:

@@ -56,6 +56,26 @@ def trace_conditions(datamodule: Any, trace_ids: Sequence[str], env: np.ndarray)
     return np.array(out, dtype=object)
 
 
+def check_data_fits(detector: Any, datamodule: Any) -> None:
+    """The DataModule gives the descriptor channels and pooled width the detector was trained on. The trajectory
+    DataModule maps source models of different shapes onto the common shape of *its* models, so another model
+    set can change both; a SiftError says so (rather than a shape error, or a silent misreading)."""
+    want_c, have_c = list(getattr(detector, "channel_names", []) or []), getattr(datamodule, "channel_names", None)
+    want_d, have_d = int(getattr(detector, "pooled_dim", 0) or 0), getattr(datamodule, "pooled_dim", None)
+    problems = []
+    if want_c and have_c is not None and list(have_c) != want_c:
+        problems.append(f"{len(want_c)} channels ({want_c[0]} … {want_c[-1]}) were trained on, the data gives "
+                        f"{len(have_c)}" + (f" ({have_c[0]} … {have_c[-1]})" if have_c else ""))
+    if want_d and have_d is not None and int(have_d) != want_d:
+        problems.append(f"pooled width {want_d} was trained on, the data gives {have_d}")
+    if problems:
+        shape = getattr(datamodule, "common_shape", None)
+        where = (f" (the DataModule's common shape is {shape['num_layers']} layers × {shape['hidden_size']} over "
+                 f"models {', '.join(shape['native'])})" if isinstance(shape, dict) else "")
+        raise SiftError(f"detector {type(detector).__name__} does not fit this data: {'; '.join(problems)}{where}; "
+                        f"evaluate on the source models (and drop_channels) it was trained with")
+
+
 def predict(detector: Any, datamodule: Any, split: str = "test", name: str | None = None,
             seed: int | None = None, meta: dict[str, Any] | None = None) -> Predictions:
     """Per-trace predictions of ``detector`` (a :class:`~sift.detectors.DetectorModule`) on ``split``.
@@ -65,6 +85,7 @@ def predict(detector: Any, datamodule: Any, split: str = "test", name: str | Non
     """
     if hasattr(datamodule, "setup"):
         datamodule.setup("test")
+    check_data_fits(detector, datamodule)
     out = detector.predict_loader(split_loader(datamodule, split))
     name = name or getattr(detector, "detector_name", None) or type(detector).__name__
     if not out:

@@ -133,8 +133,25 @@ def runs_training(out: Path, specs: list) -> dict[str, Any]:
     return res
 
 
-def corpus_section(corpus_dir: Path) -> Section:
-    """What the detectors were trained and evaluated on (from the corpus manifest)."""
+def model_shapes(traj_dir: Path) -> dict[str, Any] | None:
+    """Native (layers, width) per source model and their common shape, from ``trajectories.json``; None when the
+    models share one shape (nothing is mapped) or the manifest is missing."""
+    import json
+
+    path = traj_dir / "trajectories.json"
+    if not path.is_file():
+        return None
+    models = json.loads(path.read_text()).get("models") or {}
+    native = {m: [int(i["num_layers"]), int(i["hidden_size"])] for m, i in sorted(models.items())}
+    if len({tuple(v) for v in native.values()}) < 2:
+        return None
+    return {"native": native, "num_layers": min(v[0] for v in native.values()),
+            "hidden_size": min(v[1] for v in native.values())}
+
+
+def corpus_section(corpus_dir: Path, shapes: dict[str, Any] | None = None) -> Section:
+    """What the detectors were trained and evaluated on (from the corpus manifest; ``shapes``: see
+    :func:`model_shapes`)."""
     import json
 
     from sift.report import markdown_table
@@ -157,9 +174,16 @@ def corpus_section(corpus_dir: Path) -> Section:
 
         md += ("\n\n**Shortcut-control audit** (grouped 5-fold CV AUROC by base item, the corpus's verified "
                "traces):\n\n" + audit_table(audit))
-    return Section("corpus", "Corpus", md, results={k: m.get(k) for k in ("traces", "pairs", "label_balance", "axes",
-                                                                           "shortcuts", "config_hash", "matched_slice",
-                                                                           "controls_audit")})
+    results = {k: m.get(k) for k in ("traces", "pairs", "label_balance", "axes", "shortcuts", "config_hash",
+                                     "matched_slice", "controls_audit")}
+    if shapes:
+        listed = ", ".join(f"{n}: {L} layers × {d}" for n, (L, d) in shapes["native"].items())
+        md += (f"\n\nSource models of different shapes ({listed}) are read at the common shape "
+               f"{shapes['num_layers']} layers × {shapes['hidden_size']}: descriptor channels resampled by relative "
+               f"depth, pooled states through a fixed random projection per model. The projection is not learned, "
+               f"so a width-dependent detector's held-out-model transfer also crosses bases.")
+        results["model_shapes"] = shapes
+    return Section("corpus", "Corpus", md, results=results)
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, float]:
@@ -295,7 +319,8 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
                                reference=reference_detector(detector_entries(cfg.detectors)),
                                title="sift-faithshift report", slice_ids=slice_ids_from_corpus(corpus),
                                section_modules=list(cfg.report.section_modules), **common)
-    report_from_predictions(preds, pairs, report_dir, options, extra_sections=[corpus_section(corpus), *extra],
+    shapes = model_shapes(out / "trajectories")
+    report_from_predictions(preds, pairs, report_dir, options, extra_sections=[corpus_section(corpus, shapes), *extra],
                             meta=meta, table=table)
     results = report_dir / "results.json"
     if cfg.wandb:

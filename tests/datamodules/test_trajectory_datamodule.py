@@ -318,3 +318,83 @@ def test_resample_train_is_a_per_seed_bootstrap_of_train_items(traj):
         return [e.trace_id for e in ex]
 
     assert resampled(1) == resampled(1) and resampled(1) != resampled(2)
+
+
+# ---------------------------------------------------------------------------------- models of different shapes
+def _raw(traj_dir):
+    """trace id → (model, desc [n, C0], pooled [d], prompt_final [d]) straight from the cache shards."""
+    from sift.trajectories import cache as C
+
+    out = {}
+    for m, info in C.read_manifest(traj_dir)["models"].items():
+        for s in info["shards"]:
+            t, meta = C.read_shard(traj_dir / s)
+            off = t["bin_offsets"].tolist()
+            for i, tid in enumerate(meta["trace_ids"]):
+                out[tid] = (m, t["desc"][off[i]:off[i + 1]], t["pooled"][i], t["prompt_final"][i])
+    return out
+
+
+def _examples(d):
+    return [e for s in ("train", "val", "test", "transfer") for e in d.dataset(s).examples]
+
+
+@pytest.fixture(scope="module")
+def two_shapes(tmp_path_factory):
+    """A toy corpus extracted from a 2-layer × 32 GPT-2 and a 3-layer × 48 Llama organism."""
+    root = tmp_path_factory.mktemp("dm_shapes")
+    corpus = write_toy_corpus(root / "corpus", n_items=8)
+    models = {**save_toy_models(root / "models", families=("gpt2",), width=32, layers=2),
+              **save_toy_models(root / "models", families=("llama",), seed=1, width=48, layers=3)}
+    extract_corpus(corpus, root / "traj", models, ExtractConfig(shard_size=64, batch_size=32, t_max=12))
+    return root / "traj"
+
+
+def test_models_of_different_shapes_share_the_common_shape(two_shapes):
+    from sift.trajectories.common_shape import channel_index, projection
+
+    d = TrajectoryDataModule(two_shapes, batch_size=4, seed=3)
+    d.setup()
+    assert d.common_shape == {"num_layers": 2, "hidden_size": 32, "native": {"gpt2": [2, 32], "llama": [3, 48]},
+                              "mapped": ["llama"]}
+    assert d.summary["common_shape"] == d.common_shape
+    assert d.channel_names == ["velocity/l1", "drift/l1", "drift/l2", "early_commitment", "attention_stability"]
+    assert d.n_channels == 5 and d.pooled_dim == 32
+    raw, P = _raw(two_shapes), projection("llama", 48, 32)
+    seen = set()
+    for e in _examples(d):
+        m, desc, pooled, prompt = raw[e.trace_id]
+        seen.add(m)
+        assert e.x.shape[1] == 5 and e.pooled.shape == (32,) and e.prompt_pooled.shape == (32,)
+        if m == "gpt2":  # already of the common shape: its cached tensors, untouched
+            want_desc, want_pooled, want_prompt = desc, pooled, prompt
+        else:  # velocity/l2, drift/l2, drift/l3, attention_stability; widths through the fixed projection
+            want_desc, want_pooled, want_prompt = desc[:, channel_index(3, 2)], pooled @ P.T, prompt @ P.T
+        assert torch.equal(e.x[:, [0, 1, 2, 4]], want_desc)
+        torch.testing.assert_close(e.pooled, want_pooled, rtol=0, atol=0 if m == "gpt2" else 1e-6)
+        torch.testing.assert_close(e.prompt_pooled, want_prompt, rtol=0, atol=0 if m == "gpt2" else 1e-6)
+    assert seen == {"gpt2", "llama"}
+    b = next(iter(d.test_dataloader()))
+    assert b.x.shape[2] == 5 and b.pooled.shape[1] == 32
+    held = TrajectoryDataModule(two_shapes, batch_size=4, seed=3, holdout_model="llama")  # cross-model transfer
+    held.setup()
+    assert {held.model_names[e.model] for e in held.dataset("transfer").examples} == {"llama"}
+    assert all(e.x.shape[1] == 5 and e.pooled.shape == (32,) for e in held.dataset("transfer").examples)
+
+
+def test_one_shape_datamodule_reads_the_cache_unchanged(dm, traj, two_shapes):
+    # the organisms of `traj` share one shape (3 layers × 32): every tensor is the cached one
+    assert dm.common_shape == {"num_layers": 3, "hidden_size": 32, "native": {"gpt2": [3, 32], "llama": [3, 32]},
+                               "mapped": []}
+    raw = _raw(traj / "traj")
+    for e in _examples(dm):
+        _, desc, pooled, prompt = raw[e.trace_id]
+        assert torch.equal(e.x[:, [0, 1, 2, 3, 4, 6]], desc) and torch.equal(e.pooled, pooled)
+        assert torch.equal(e.prompt_pooled, prompt)
+    # one model of a two-shape cache: its own shape, nothing mapped
+    wide = TrajectoryDataModule(two_shapes, seed=3, models=["llama"])
+    wide.setup()
+    assert (wide.common_shape["mapped"], wide.pooled_dim, wide.n_channels) == ([], 48, 7)
+    raw = _raw(two_shapes)
+    for e in _examples(wide):
+        assert torch.equal(e.x[:, [0, 1, 2, 3, 4, 6]], raw[e.trace_id][1]) and torch.equal(e.pooled, raw[e.trace_id][2])

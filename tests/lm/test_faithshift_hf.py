@@ -1,6 +1,7 @@
 """`sift-faithshift source=hf`: the main job end to end on two tiny random HF models (no downloads). Their
 answers are junk, so the verification's label rule is replaced by a fixed cycle; everything else — real-item
-sources, every axis, extraction from the source's models, training, transfer to the held-out model — is real."""
+sources, every axis, extraction from the source's models, training, transfer to the held-out model — is real. The
+two models differ in shape (2 layers × 32 and 3 layers × 48): the trajectory stage maps them onto a common one."""
 
 import itertools
 import json
@@ -11,11 +12,29 @@ from sift.config import compose
 from sift.faithshift import plan_runs, run_faithshift
 
 
+def save_wide_llama(path):
+    """A tiny random Llama of another shape than the GPT-2 of ``tiny_dirs`` (3 layers × 48 against 2 × 32)."""
+    import torch
+    from tinylm import make_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = make_tokenizer(True)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=48, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.2,
+                      tie_word_embeddings=False, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
 @pytest.fixture(scope="module")
 def job(tiny_dirs, tmp_path_factory):
     import sift.corpus.verify as verify
 
     out = tmp_path_factory.mktemp("faithshift_hf")
+    wide = save_wide_llama(out / "models" / "llama")
     csqa = out / "csqa.jsonl"
     csqa.write_text("\n".join(json.dumps({"id": f"q{i}", "answerKey": "ABC"[i % 3], "question": {
         "stem": f"Tom has {i + 2} apples. Ann has 3 pears. Which fruit is red {i}?", "choices": [
@@ -27,7 +46,7 @@ def job(tiny_dirs, tmp_path_factory):
     items = (f"source.items=[{{kind:reasoning_gym,task:basic_arithmetic,domain:arithmetic}},"
              f"{{kind:commonsenseqa,path:'{csqa}',domain:csqa}}]")
     cfg = compose("faithshift", [
-        f"paths.output_dir={out / 'job'}", "source=hf", f"source.models=[{tiny_dirs['gpt2']},{tiny_dirs['llama']}]",
+        f"paths.output_dir={out / 'job'}", "source=hf", f"source.models=[{tiny_dirs['gpt2']},{wide}]",
         items, "n_items=16", "source.max_new_tokens=12", "source.answer_tokens=2", "source.cue.p_cue=0.8",
         "source.family_items=8", "source.family_conditions=base",
         "detectors=[hidden_probe,biasing_features]", "controls=[text_bow]", "seeds=[0]",
@@ -57,29 +76,29 @@ def test_the_main_job_runs_on_real_lm_sources(job):
     # extraction read both source models; the report exists with the held-out-model transfer run
     traj = json.loads((out / "trajectories" / "trajectories.json").read_text())
     assert set(traj["models"]) == {"gpt2", "llama"}
+    # the cache stays native per model; training read both at the common shape (2 layers × 32)
+    assert {m: (i["num_layers"], i["hidden_size"]) for m, i in traj["models"].items()} == {"gpt2": (2, 32),
+                                                                                          "llama": (3, 48)}
+    for key in ("main/hidden_probe/seed0", "transfer/model-llama/hidden_probe/seed0"):
+        spec = json.loads((out / "runs" / key / "results.json").read_text())["data_spec"]
+        assert spec["pooled_dim"] == 32 and spec["n_channels"] == 5  # velocity/l1, drift/l1-2, EC, attention
+        assert spec["common_shape"] == {"num_layers": 2, "hidden_size": 32, "native": {"gpt2": [2, 32],
+                                                                                      "llama": [3, 48]},
+                                        "mapped": ["llama"]}
     keys = {s.key for s in plan_runs(cfg)}
     assert "transfer/model-llama/hidden_probe/seed0" in keys and "transfer/domain-csqa/hidden_probe/seed0" in keys
     results = json.loads((out / "report" / "results.json").read_text())
     assert results and (out / "report" / "report.md").is_file() and res["runs"] == len(keys)
+    assert "common shape 2 layers × 32" in (out / "report" / "report.md").read_text()
 
 
-def test_models_of_different_shapes_are_refused_before_the_corpus(tiny_dirs, tmp_path):
-    from tinylm import make_tokenizer
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from sift.errors import SiftError
+def test_models_of_different_shapes_are_accepted_before_the_corpus(tiny_dirs, tmp_path):
     from sift.faithshift import validate_plan
 
-    tok = make_tokenizer(True)
-    wide = LlamaForCausalLM(LlamaConfig(hidden_size=48, intermediate_size=64, num_hidden_layers=3,
-                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=len(tok)))
-    wide.save_pretrained(tmp_path / "wide")
-    tok.save_pretrained(tmp_path / "wide")
+    wide = save_wide_llama(tmp_path / "wide")
     over = [f"paths.output_dir={tmp_path / 'job'}", "source=hf", "wandb=false", "ablations=[]", "factorial_seeds=[]",
             "transfer.holdout_models=auto", "transfer.holdout_domains=[]"]
-    with pytest.raises(SiftError, match=r"differ in layers/width \(gpt2: 2 layers × 32, wide: 3 layers × 48\)"):
-        validate_plan(compose("faithshift", [*over, f"source.models=[{tiny_dirs['gpt2']},{tmp_path / 'wide'}]"]),
-                      tmp_path / "job")
-    assert not (tmp_path / "job" / "corpus").exists()  # nothing generated
-    same = compose("faithshift", [*over, f"source.models=[{tiny_dirs['gpt2']},{tiny_dirs['llama']}]"])
-    assert validate_plan(same, tmp_path / "job")  # one shape: the plan stands
+    specs = validate_plan(compose("faithshift", [*over, f"source.models=[{tiny_dirs['gpt2']},{wide}]"]),
+                          tmp_path / "job")
+    assert any(s.tags.get("holdout_model") == "wide" for s in specs)  # the plan stands, transfer included
+    assert not (tmp_path / "job" / "corpus").exists()  # validation generates nothing
