@@ -153,9 +153,9 @@ def source_models(cfg: DictConfig, out: Path) -> dict[str, str]:
     return get_source(src.type).models(src)
 
 
-def _extract_sets_models(cfg: DictConfig) -> bool:
-    """Whether ``extract_overrides`` names the models itself (else extraction reads the corpus source's models)."""
-    return "models" in {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.extract_overrides}
+def _extract_sets(cfg: DictConfig, key: str) -> bool:
+    """Whether ``extract_overrides`` sets ``key`` itself (else extraction takes it from the corpus source)."""
+    return key in {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.extract_overrides}
 
 
 def extract(cfg: DictConfig, out: Path) -> dict | None:
@@ -163,9 +163,11 @@ def extract(cfg: DictConfig, out: Path) -> dict | None:
 
     c = compose("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}",
                             *cfg.extract_overrides])
-    if not _extract_sets_models(cfg):
-        with open_dict(c):
+    with open_dict(c):
+        if not _extract_sets(cfg, "models"):
             c.models = OmegaConf.create(source_models(cfg, out))
+        if cfg.source.get("type") == "hf" and not _extract_sets(cfg, "dtype"):
+            c.dtype = cfg.source.get("dtype")  # the states are read in the dtype the corpus was generated in
     return run_extract(c)
 
 
@@ -361,27 +363,8 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         if d not in cfg.detectors:
             raise SiftError(f"instance_ensemble: member {d!r} is not among detectors {list(cfg.detectors)} "
                             f"(list trained detectors, or instance_ensemble=[] for no instance-level ensemble)")
-    check_model_shapes(cfg, out)
     ensure_writable(out, "paths.output_dir")
     return specs
-
-
-def check_model_shapes(cfg: DictConfig, out: Path) -> None:
-    """The source models must share layers and width: the trajectory stage stacks their hidden states into one
-    dataset. Checked from the models' configs before the corpus is generated (hours on a CPU), not after."""
-    if _extract_sets_models(cfg):
-        return
-    models = source_models(cfg, out)
-    if len(models) < 2:
-        return
-    from sift.lm.loading import config_shape
-
-    shapes = {fam: config_shape(path) for fam, path in models.items()}
-    if len(set(shapes.values())) > 1:
-        listed = ", ".join(f"{fam}: {n} layers × {d}" for fam, (n, d) in shapes.items())
-        raise SiftError(f"source models differ in layers/width ({listed}); the trajectory stage stacks their hidden "
-                        f"states, so the main job needs models of one shape (e.g. two sizes of one family that share "
-                        f"it, or one model); sift-corpus builds a corpus from models of any shapes")
 
 
 def run_faithshift(cfg: DictConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:

@@ -111,7 +111,7 @@ class HFCorpusConfig:
     chunk_items: int = 8
     batch_size: int = 8
     device: str = "cpu"
-    dtype: str | None = None
+    dtype: str | None = None  # auto | float32 | bfloat16 | float16 | None (as saved): sift.lm.loading.resolve_dtype
     system_prompt: str | None = None
     response_prefix: str = ""  # the start of the reply written for the model (e.g. "Step 1:"): it reasons first
 
@@ -124,6 +124,9 @@ class HFCorpusConfig:
                 raise SiftError(f"families: need {len(self.models)} distinct labels, got {self.families}")
         _check_common(self)
         from sift.lm.items import item_kinds
+        from sift.lm.loading import resolve_dtype
+
+        resolve_dtype(self.dtype, self.device)  # an unknown dtype fails here, before any model loads
 
         kinds = item_kinds()
         for i, spec in enumerate(self.item_specs()):

@@ -233,6 +233,10 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
     index.offsets = {m: index.offsets[m] for m in wanted if m in index.offsets}
     corpus_sha = file_sha256(corpus_dir / "traces.jsonl", limit=None)
     mods, toks, keys, meta, info = {}, {}, {}, {}, {}
+    from sift.lm.loading import resolve_dtype
+
+    on_gpu = str((trainer_kwargs or {}).get("accelerator", "cpu")) in ("gpu", "cuda")
+    dtype = resolve_dtype(dtype, "cuda" if on_gpu else "cpu")
     for m in index.offsets:
         model, tok = (loaded or {}).get(m) or _load(models[m], dtype)
         dims = model_dims(model)
@@ -240,7 +244,9 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
         if not overwrite:
             _check_cache_vs_model(out_dir, m, models[m], dims)
         fp = model_fingerprint(models[m])
-        keys[m] = C.cache_key(corpus_sha, fp, m, cfg.key_fields())
+        # the weights' dtype changes the states (bfloat16 vs float32), so it is part of the cache key
+        weights_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        keys[m] = C.cache_key(corpus_sha, fp, m, {**cfg.key_fields(), "weights_dtype": weights_dtype})
         mods[m], toks[m] = model, tok
         ex_channels = Extractor(model, cfg, tokenizer=tok).channels
         meta[m] = {"model": m, "channels": ex_channels, "profile_names": profile_names(cfg.interventions), **dims}

@@ -65,3 +65,34 @@ def test_uncached_hub_name_fails_fast(monkeypatch, tmp_path):
     with pytest.raises(SiftError, match="neither a local path nor in the local Hugging Face cache"):
         load_causal_lm("sift-tests/not-a-cached-model")
     assert time.time() - t0 < 10
+
+
+@pytest.mark.parametrize("amx,avx512_bf16,expected", [(True, False, "bfloat16"), (False, True, "bfloat16"),
+                                                       (False, False, "float32")])
+def test_auto_dtype_is_bfloat16_only_on_cpus_that_compute_it(monkeypatch, amx, avx512_bf16, expected):
+    from sift.lm.loading import resolve_dtype
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    assert resolve_dtype("auto", "cpu") == expected
+    assert resolve_dtype("float16", "cpu") == "float16" and resolve_dtype(None, "cpu") is None
+
+
+def test_auto_dtype_on_cuda_without_a_gpu_is_float32(monkeypatch):
+    from sift.lm.loading import resolve_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_dtype("auto", "cuda:0") == "float32"
+
+
+def test_unknown_dtype_is_refused_by_name():
+    from sift.lm.loading import resolve_dtype
+
+    with pytest.raises(SiftError, match="dtype: expected one of auto, float32, bfloat16, float16 or null, got 'fp8'"):
+        resolve_dtype("fp8", "cpu")
+
+
+def test_auto_dtype_loads_the_weights_in_the_resolved_dtype(monkeypatch, tiny_dirs):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    model, _ = load_causal_lm(str(tiny_dirs["gpt2"]), dtype="auto")
+    assert next(model.parameters()).dtype == torch.bfloat16

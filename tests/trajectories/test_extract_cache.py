@@ -151,3 +151,15 @@ def test_cli_config_composes_and_runs(setup, tmp_path):
     m = run_extract(cfg)
     assert m["models"]["llama"]["key"] == man["models"]["llama"]["key"]  # same config ⇒ same cache
     assert m["shards"]["computed_by_rank0"] == 0
+
+
+def test_weights_in_another_dtype_are_another_cache_entry(setup, tmp_path):
+    """bfloat16 weights give other states than float32 ones: a cache made in one is never reused for the other."""
+    root, corpus, models, out, man = setup
+    work = tmp_path / "traj"
+    shutil.copytree(out, work)
+    bf16 = extract_corpus(corpus, work, models, ExtractConfig(**CFG), dtype="bfloat16")
+    assert len(extract_corpus.last_run["computed"]) == len(_shards(out))  # nothing reused
+    assert all(bf16["models"][m]["key"] != man["models"][m]["key"] for m in man["models"])
+    extract_corpus(corpus, work, models, ExtractConfig(**CFG), dtype="float32")
+    assert extract_corpus.last_run["computed"] == []  # the float32 shards are still there, still valid

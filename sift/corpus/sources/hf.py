@@ -53,6 +53,7 @@ from sift.corpus.store import engine_config, run_chunks, write_corpus
 from sift.corpus.verify import label_records
 from sift.errors import SiftError
 from sift.lm.items import LMItem, load_item_specs
+from sift.lm.loading import resolve_dtype
 from sift.lm.parsing import answer_line_start, last_value_span, normalize_number, parse_answer
 from sift.lm.prompts import ANSWER_PREFIX, BUDGETS, DECISIVE_FORMAT, TEMPLATES, LMView, cue_formats_for, mentions_cue
 from sift.lm.prompts import prompt_ids as render_prompt_ids
@@ -476,7 +477,9 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
     cfg.validate()
     labels = cfg.labels()
     # model fingerprints (weights of a folder or file; the name for a cached hub model) are part of the key
-    chash = config_hash({**asdict(cfg), "models": [model_fingerprint(m) for m in cfg.models]})
+    # ... and the resolved dtype (auto gives bfloat16 or float32 by hardware, with different ids)
+    chash = config_hash({**asdict(cfg), "models": [model_fingerprint(m) for m in cfg.models],
+                         "dtype": resolve_dtype(cfg.dtype, cfg.device)})
     parts = out_dir / ".parts"
     parts.mkdir(parents=True, exist_ok=True)
     items = load_corpus_items(cfg)
@@ -510,7 +513,8 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
     manifest["source"] = "real_lm"
     tokens = sum(len(r["generated_ids"]) for r in records if r["condition"] != "causal_truncation")
     manifest["throughput"] = {  # free generation + verification re-decodes of the chunks built by this run
-        "backend": cfg.backend, "device": cfg.device, "generated_tokens": tokens, "traces": len(records),
+        "backend": cfg.backend, "device": cfg.device, "dtype": resolve_dtype(cfg.dtype, cfg.device),
+        "generated_tokens": tokens, "traces": len(records),
         "seconds": round(gen_seconds, 1), "chunks_built": len(chunks) - reused,
         "tokens_per_s": round(tokens / gen_seconds, 2) if reused == 0 and gen_seconds > 0 else None,
         "traces_per_s": round(len(records) / gen_seconds, 3) if reused == 0 and gen_seconds > 0 else None}
