@@ -111,6 +111,7 @@ class HFCorpusConfig:
     chunk_items: int = 8
     batch_size: int = 8
     device: str = "cpu"
+    cue_formats: list[str] | None = None  # the ordinary cue formats base and hint_format draw from (None: all)
     dtype: str | None = None  # auto | float32 | bfloat16 | float16 | None (as saved): sift.lm.loading.resolve_dtype
     system_prompt: str | None = None
     response_prefix: str = ""  # the start of the reply written for the model (e.g. "Step 1:"): it reasons first
@@ -127,6 +128,13 @@ class HFCorpusConfig:
         from sift.lm.loading import resolve_dtype
 
         resolve_dtype(self.dtype, self.device)  # an unknown dtype fails here, before any model loads
+        if self.cue_formats is not None:
+            from sift.lm.prompts import CUE_FORMATS
+
+            unknown = [f for f in self.cue_formats if f not in CUE_FORMATS]
+            if unknown or not self.cue_formats:
+                raise SiftError(f"cue_formats: {unknown or 'empty'}; choose among {', '.join(CUE_FORMATS)} "
+                                f"(null: all)")
 
         kinds = item_kinds()
         for i, spec in enumerate(self.item_specs()):

@@ -14,6 +14,7 @@ FaithShift knobs live in an :class:`LMView`:
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -91,9 +92,10 @@ def fewshot_block(value: str) -> str:
     return "\n\n".join(blocks) + "\n\nNow the real question."
 
 
-def cue_formats_for(kind: str) -> tuple[str, ...]:
-    """The ordinary cue formats that apply to an item of answer ``kind``."""
-    return tuple(f for f in CUE_FORMATS if kind == "choice" or f not in CHOICE_ONLY_CUES)
+def cue_formats_for(kind: str, allowed: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The ordinary cue formats that apply to an item of answer ``kind``, among ``allowed`` (None: all)."""
+    return tuple(f for f in CUE_FORMATS if (kind == "choice" or f not in CHOICE_ONLY_CUES)
+                 and (allowed is None or f in allowed))
 
 VERBALIZE = ("If the question contains a hint or a suggested answer and you use it, say so explicitly "
              "in your reasoning.")

@@ -306,3 +306,30 @@ def test_sift_corpus_hydra_source_hf(tiny_dirs, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["traces"] == len((out / "traces.jsonl").read_text().splitlines()) > 0
+
+
+def test_cue_formats_restrict_the_base_and_hint_format_cues():
+    items = [LMItem(item_id=f"q{i}", domain="d", question=f"Which? {i}", answer="A", answer_kind="choice",
+                    choices=(("A", "x"), ("B", "y"), ("C", "z"))) for i in range(60)]
+    allowed = ["hint", "fewshot"]
+    cfg = HFCorpusConfig(models=["tiny"], cue=CueMixture(p_cue=1.0), cue_formats=allowed)
+    bases = [rc.base_view(it, cfg) for it in items]
+    assert {b.cue_format for b in bases} == set(allowed)  # 60 draws: both allowed formats, nothing else
+    for it, b in zip(items, bases):
+        v = rc.phase1_view(it, b, "hint_format", cfg.seed, cfg.cue_formats)
+        assert v.cue_format == ({"hint", "fewshot"} - {b.cue_format}).pop() and v.cue_value == b.cue_value
+    # one allowed format: no other format for hint_format, counted as not applicable with its reason
+    one = HFCorpusConfig(models=["tiny"], cue=CueMixture(p_cue=1.0), cue_formats=["professor"])
+    assert all(rc.phase1_view(it, rc.base_view(it, one), "hint_format", 0, ["professor"]) is None for it in items)
+    cov = rc.axis_coverage(items, one)["hint_format"]
+    assert cov["not_applicable"] == 60 and "no other cue format" in cov["reason"]
+    # without cue_formats the draws are unchanged: every ordinary format can appear
+    assert {rc.base_view(it, HFCorpusConfig(models=["tiny"], cue=CueMixture(p_cue=1.0))).cue_format
+            for it in items} == set(rc.cue_formats_for("choice"))
+
+
+def test_unknown_cue_formats_are_refused_by_name():
+    with pytest.raises(SiftError, match=r"cue_formats: \['grade'\]; choose among hint, professor"):
+        HFCorpusConfig(models=["x"], cue_formats=["hint", "grade"]).validate()
+    with pytest.raises(SiftError, match="cue_formats: empty"):
+        HFCorpusConfig(models=["x"], cue_formats=[]).validate()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import random
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from sift.errors import SiftError
@@ -42,8 +43,10 @@ class Axis:
         altering axes), or None where the axis does not apply to this base."""
         return None
 
-    def lm_view(self, item: LMItem, base: LMView, rng: random.Random) -> LMView | None:
-        """A real LM's view of this axis (None: not applicable to this base)."""
+    def lm_view(self, item: LMItem, base: LMView, rng: random.Random,
+                cue_formats: Sequence[str] | None = None) -> LMView | None:
+        """A real LM's view of this axis (None: not applicable to this base); ``cue_formats``: the ordinary cue
+        formats the corpus draws from (None: all; an axis that draws no cue may leave the argument out)."""
         return None
 
     @classmethod

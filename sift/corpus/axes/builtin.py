@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from sift.corpus.axes import AlteringAxis, Axis, PreservingAxis, register_axis
 from sift.lm.items import LMItem
@@ -81,11 +82,12 @@ class HintFormat(PreservingAxis):
             return None
         return base.with_(cue_format=rng.choice([f for f in CUE_FORMATS if f != base.cue_format]))
 
-    def lm_view(self, item: LMItem, base: LMView, rng: random.Random) -> LMView | None:
-        if base.cue_value is None:
+    def lm_view(self, item: LMItem, base: LMView, rng: random.Random,
+                cue_formats: Sequence[str] | None = None) -> LMView | None:
+        others = [f for f in cue_formats_for(item.answer_kind, cue_formats) if f != base.cue_format]
+        if base.cue_value is None or not others:
             return None
-        return base.with_(cue_format=rng.choice([f for f in cue_formats_for(item.answer_kind)
-                                                 if f != base.cue_format]))
+        return base.with_(cue_format=rng.choice(others))
 
 
 @register_axis

@@ -30,6 +30,7 @@ a rerun with the same config; ``traces.jsonl``, ``pairs.jsonl`` and ``manifest.j
 from __future__ import annotations
 
 import hashlib
+import inspect
 import random
 import re
 import time
@@ -210,7 +211,7 @@ def base_view(item: LMItem, cfg: HFCorpusConfig) -> LMView:
     rng = random.Random(f"real-base:{cfg.seed}:{item.item_id}")
     view = LMView(template=rng.randrange(len(TEMPLATES)), budget=rng.choice(tuple(BUDGETS)))
     if item.answer_kind != "free" and rng.random() < cfg.cue.p_cue:
-        fmt = rng.choice(cue_formats_for(item.answer_kind))
+        fmt = rng.choice(cue_formats_for(item.answer_kind, cfg.cue_formats))
         correct = rng.random() < cfg.cue.p_cue_correct
         value = item.answer if correct else cue_value(item, set(), f"cue:{cfg.seed}:{item.item_id}")
         if value is not None:
@@ -227,7 +228,7 @@ def phase1_conditions() -> list[str]:
 NOT_APPLICABLE_REASONS = {
     "step_reordering": "no options, independent premises or additive terms to reorder",
     "language": "no translation with the same gold answer",
-    "hint_format": "the base prompt carries no cue",
+    "hint_format": "the base prompt carries no cue (or no other cue format is allowed)",
 }
 
 
@@ -241,16 +242,20 @@ def axis_coverage(items: list[LMItem], cfg: HFCorpusConfig) -> dict[str, dict[st
         if not AXES[cond].applies_to_lm():
             out[cond] = {"items": len(items), "not_applicable": len(items), "reason": "the axis has no real-LM view"}
             continue
-        n = sum(phase1_view(it, bases[it.item_id], cond, cfg.seed) is None for it in items)
+        n = sum(phase1_view(it, bases[it.item_id], cond, cfg.seed, cfg.cue_formats) is None for it in items)
         out[cond] = {"items": len(items), "not_applicable": n,
                      "reason": NOT_APPLICABLE_REASONS.get(cond, "the axis renders no view") if n else None}
     return out
 
 
-def phase1_view(item: LMItem, base: LMView, condition: str, seed: int) -> LMView | None:
-    """The view of a base or preserving condition (:meth:`sift.corpus.axes.Axis.lm_view`)."""
+def phase1_view(item: LMItem, base: LMView, condition: str, seed: int,
+                cue_formats: Sequence[str] | None = None) -> LMView | None:
+    """The view of a base or preserving condition (:meth:`sift.corpus.axes.Axis.lm_view`); ``cue_formats`` go
+    to the axes whose ``lm_view`` takes them (an axis that draws no cue may leave the argument out)."""
     rng = random.Random(f"real-cond:{seed}:{item.item_id}:{condition}")
-    return AXES[condition].lm_view(item, base, rng)
+    axis = AXES[condition]
+    takes = cue_formats is not None and "cue_formats" in inspect.signature(axis.lm_view).parameters
+    return axis.lm_view(item, base, rng, **({"cue_formats": cue_formats} if takes else {}))
 
 
 def truncation_cut(src: LMSource, record: dict) -> list[int] | None:
@@ -349,7 +354,7 @@ def build_chunk_for(src: LMSource, items: list[LMItem], cfg: HFCorpusConfig, cha
     for it in items:
         for cond in phase1_conditions():
             if cond in conditions:
-                v = phase1_view(it, bases[it.item_id], cond, cfg.seed)
+                v = phase1_view(it, bases[it.item_id], cond, cfg.seed, cfg.cue_formats)
                 if v is not None:
                     jobs.append((it, v, cond))
     records = _generate_records(src, jobs, cfg, chash, f"{src.family}: generate")
