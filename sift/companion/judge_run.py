@@ -145,14 +145,16 @@ class HFJudge:
         return J.map_display_verdict(shown, display_order), expl, True
 
 
-def load_judge(model: str, *, tokenizer: str | None = None, tiny_config: dict | None = None, seed: int = 0):
+def load_judge(model: str, *, tokenizer: str | None = None, tiny_config: dict | None = None, seed: int = 0,
+               dtype: str | None = None):
     """(model, tokenizer) for ``model``: a local folder, a local .gguf, a cached hub name, or ``'tiny-random'``
     (a randomly initialised Llama built from ``tiny_config`` around the tokenizer at ``tokenizer``, which may
-    itself be a .gguf file or a folder). Never downloads."""
+    itself be a .gguf file or a folder). Never downloads. ``dtype``: as :func:`sift.lm.loading.load_causal_lm`
+    (not for tiny-random)."""
     from sift.lm.loading import load_causal_lm
 
     if model != "tiny-random":
-        return load_causal_lm(model)
+        return load_causal_lm(model, dtype=dtype)
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

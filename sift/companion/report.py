@@ -431,7 +431,7 @@ def judges_section(cfg, out: Path) -> Section:
     model, tok = load_judge(model_name, tokenizer=resolve_judge_model(c.tokenizer) if c.get("tokenizer") else None,
                             tiny_config=(OmegaConf.to_container(c.tiny_config, resolve=True)
                                          if c.get("tiny_config") else None),
-                            seed=int(cfg.seed))
+                            seed=int(cfg.seed), dtype=c.get("dtype"))
     judge = HFJudge(model, tok, chat=bool(c.chat_template), max_explanation_tokens=int(c.max_explanation_tokens),
                     verdict_mode=str(c.verdict_mode))
     items = organism_pairs(int(c.n_items), seed=int(cfg.seed))
@@ -442,10 +442,12 @@ def judges_section(cfg, out: Path) -> Section:
     r["seconds"] = round(time.time() - t0, 1)
     n_par = sum(p.numel() for p in model.parameters())
     r["n_parameters"] = n_par
+    r["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
     b = r["blind"]
-    md = [f"Judge: `{model_name}` ({n_par / 1e6:.1f} M parameters), protocol {c.protocol}, {r['n_items']} "
-          f"equal-content pairs (two explanation styles of the same organism arithmetic solution; labels "
-          f"nominal), verdicts by {c.verdict_mode}, display order randomised per item and undone before scoring.",
+    md = [f"Judge: `{model_name}` ({n_par / 1e6:.1f} M parameters, {r['dtype']}), protocol {c.protocol}, "
+          f"{r['n_items']} equal-content pairs (two explanation styles of the same organism arithmetic solution; "
+          f"labels nominal), verdicts by {c.verdict_mode}, display order randomised per item and undone before "
+          f"scoring.",
           f"Blind: counts (Tie, [1,2], [2,1]) = {[round(x * r['n_items']) for x in b['counts']]}, EDR {_f(b['edr'])}, "
           f"ND {_f(b['nd'])}."]
     rows = []

@@ -108,6 +108,7 @@ class HFCorpusConfig:
     top_p: float = 1.0
     max_new_tokens: int = 256
     answer_tokens: int = 8  # greedy tokens decoded after a forced "Answer:"
+    force_answer: bool = False  # a reply cut at max_new_tokens without an answer line: force "Answer:" (s1)
     chunk_items: int = 8
     batch_size: int = 8
     device: str = "cpu"

@@ -79,7 +79,11 @@ def intervention_agreement(records: list[dict]) -> dict[str, Any]:
 def parse_failures(records: list[dict]) -> dict[str, Any]:
     """Traces whose final answer could not be parsed (they are ambiguous, never a wrong label)."""
     n = sum(r.get("answer") is None for r in records)
-    return {"traces": len(records), "unparsable": n, "rate": round(n / len(records), 4) if records else None}
+    # real LMs: replies cut at the token limit whose answer was forced (budget forcing; causal truncation's
+    # forced answers are that axis's construction and not counted here)
+    forced = sum(bool(r.get("forced_answer")) and r["condition"] != "causal_truncation" for r in records)
+    return {"traces": len(records), "unparsable": n, "rate": round(n / len(records), 4) if records else None,
+            "forced_at_limit": forced}
 
 
 def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_hash: str, seconds: float,

@@ -103,8 +103,11 @@ def load_item_specs(specs: list[ItemSpec], n_items: int, seed: int = 0) -> list[
             raise SiftError(f"items[{i}].kind: unknown {spec.kind!r}; expected one of {', '.join(kinds)}")
         n = spec.n if spec.n is not None else left // len(free) + (free.index(i) < left % len(free))
         got = ITEM_LOADERS[spec.kind](spec, n, seed)
+        what = f"items[{i}] ({spec.kind}{' ' + spec.task if spec.task else ''})"
         if not got:
-            raise SiftError(f"items[{i}] ({spec.kind}{' ' + spec.task if spec.task else ''}): no items")
+            raise SiftError(f"{what}: no items")
+        if len(got) < n:  # a short source would silently shift the mix of domains
+            raise SiftError(f"{what}: asked for {n} items, the source has {len(got)}; lower its n (or n_items)")
         out.append(got[:n])
     return interleaved(out)
 

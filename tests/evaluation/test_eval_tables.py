@@ -142,6 +142,20 @@ def test_transfer_matrix_hand_values(tmp_path):
     assert (tmp_path / "transfer_matrix.png").is_file()
 
 
+def test_transfer_matrix_figure_keeps_long_model_names(tmp_path):
+    """A held-out model's name (40 characters) is drawn whole: the figure grows with its labels."""
+    import matplotlib.image as mpimg
+
+    from sift.evaluation.sections.transfer_matrix import _plot_matrix
+
+    name = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+    _plot_matrix(np.array([[0.7, 0.5]]), [f"all but {name}"], ["in-distribution", name], tmp_path, "m.png", "t")
+    _plot_matrix(np.array([[0.7, 0.5]]), ["a"], ["b", "c"], tmp_path, "short.png", "t")
+    long_w, short_w = mpimg.imread(tmp_path / "m.png").shape[1], mpimg.imread(tmp_path / "short.png").shape[1]
+    # 42 characters at 8 pt are about 2.3 in (280 px at 120 dpi) wider than a one-letter label
+    assert long_w - short_w > 250
+
+
 def test_ablation_table_relative_changes():
     ab = {"full": [toy.predictions(0)], "no_irm": [toy.predictions(1)]}
     s = ablation_table(ab, toy.pairs(), n_resamples=0)

@@ -251,3 +251,14 @@ def test_system1_flips_compare_option_texts_across_reordered_views():
     assert r["step_reordering"] == {"n": 1, "flip_rate": 0.0, "tv": pytest.approx(0.0), "tv_n": 1}
     assert r["paraphrase"]["n"] == 2 and r["paraphrase"]["flip_rate"] == 1.0
     assert r["paraphrase"]["tv_n"] == 1 and r["paraphrase"]["tv"] == pytest.approx(0.5)
+
+
+def test_the_judge_loads_in_the_configured_dtype(tiny_dirs):
+    import torch
+
+    from sift.companion.judge_run import load_judge
+
+    model, _ = load_judge(str(tiny_dirs["llama"]), dtype="bfloat16")
+    assert next(model.parameters()).dtype == torch.bfloat16
+    model, _ = load_judge(str(tiny_dirs["llama"]))  # null: as saved
+    assert next(model.parameters()).dtype == torch.float32

@@ -28,7 +28,7 @@ from sift.lm.prompts import LMView
 # the organism's record schema (sift.corpus.sources.organism._trace_record) plus the verification fields
 SCHEMA = {"trace_id", "base_item", "domain", "model", "family", "condition", "seed", "view", "prompt",
           "prompt_ids", "generated_ids", "cot", "cot_span", "answer", "gold_answer", "correct", "cue",
-          "intended_phi", "provenance", "phi", "verification", "matched_slice"}
+          "intended_phi", "provenance", "phi", "verification", "matched_slice", "forced_answer"}
 N = 5
 
 
@@ -333,3 +333,35 @@ def test_unknown_cue_formats_are_refused_by_name():
         HFCorpusConfig(models=["x"], cue_formats=["hint", "grade"]).validate()
     with pytest.raises(SiftError, match="cue_formats: empty"):
         HFCorpusConfig(models=["x"], cue_formats=[]).validate()
+
+
+def test_budget_forcing_appends_the_answer_line_to_replies_cut_at_the_limit(tiny_dirs):
+    """A reply that reaches max_new_tokens with no answer line gets "Answer:" and a greedy answer; its CoT ids
+    stay exactly the generated ones, and a reply that ended by itself is left alone."""
+    from sift.lm.loading import load_causal_lm
+
+    model, tok = load_causal_lm(str(tiny_dirs["llama"]))
+    src = LMSource("tiny", model, tok, "tiny", batch_size=4)
+    cfg = HFCorpusConfig(models=["tiny"], max_new_tokens=10, answer_tokens=3, force_answer=True)
+    items = [LMItem(item_id=f"q{i}", domain="d", question=f"What is {i} + 2?", answer=str(i + 2),
+                    answer_kind="numeric") for i in range(3)]
+    jobs = [(it, LMView(), "base") for it in items]
+    prompts = [src.prompt_ids(it, v) for it, v, _ in jobs]
+    free = src.generate(prompts, max_new_tokens=10)
+    free[1] = free[1][:4] + src.encode("\nAnswer: 3")  # as if the model had answered by itself
+    outs = [list(o) for o in free]
+    forced = rc.force_answers(src, prompts, outs, cfg)
+    assert forced == {k for k, o in enumerate(free) if len(o) >= 10 and "Answer:" not in src.decode(o)} == {0, 2}
+    for k in forced:
+        head = free[k] + src.answer_prefix(src.decode(free[k]))
+        answer = src.generate([prompts[k] + head], max_new_tokens=3)[0]
+        assert outs[k] == head + answer and outs[k][:10] == free[k]
+    assert outs[1] == free[1]
+    records = rc._generate_records(src, jobs, cfg, "h", None)
+    assert [r["forced_answer"] for r in records] == [len(r["generated_ids"]) > 10 for r in records]
+    for r in records:
+        if r["forced_answer"]:
+            assert src.decode(r["generated_ids"][r["cot_span"][1]:]).startswith("Answer:")
+            assert r["cot_span"][1] >= 10 - 1  # the CoT is the whole cut reply (up to the newline's token)
+    off = rc._generate_records(src, jobs, HFCorpusConfig(models=["tiny"], max_new_tokens=10), "h", None)
+    assert all(not r["forced_answer"] and len(r["generated_ids"]) <= 10 for r in off)

@@ -133,3 +133,16 @@ def test_load_items_errors(tmp_path):
         load_items(tmp_path / "nope.jsonl", "gsm8k")
     with pytest.raises(SiftError, match="unknown item format"):
         load_items(tmp_path, "squad")
+
+
+def test_a_source_shorter_than_its_n_is_refused_by_name(tmp_path):
+    from sift.lm.items import ItemSpec, load_item_specs
+
+    p = _jsonl(tmp_path / "gsm.jsonl", [{"question": f"Tom has {i} apples.", "answer": f"#### {i}"}
+                                        for i in range(3)])
+    specs = [ItemSpec(kind="reasoning_gym", task="basic_arithmetic", domain="arithmetic"),
+             ItemSpec(kind="gsm8k", path=str(p), domain="gsm8k", n=3)]
+    assert [it.domain for it in load_item_specs(specs, 6, seed=0)].count("gsm8k") == 3
+    specs[1].n = 5
+    with pytest.raises(SiftError, match=r"items\[1\] \(gsm8k\): asked for 5 items, the source has 3"):
+        load_item_specs(specs, 8, seed=0)

@@ -342,7 +342,26 @@ def _generate_records(src: LMSource, jobs: list[tuple[LMItem, LMView, str]], cfg
     seeds = [trace_seed(f"{src.family}|{it.item_id}|{c}", cfg.seed) for it, _, c in jobs] if cfg.do_sample else None
     outs = src.generate(prompts, max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample,
                         temperature=cfg.temperature, top_p=cfg.top_p, seeds=seeds, desc=desc)
-    return [trace_record(src, it, v, c, p, o, cfg, chash) for (it, v, c), p, o in zip(jobs, prompts, outs)]
+    forced = force_answers(src, prompts, outs, cfg) if cfg.force_answer else set()
+    records = [trace_record(src, it, v, c, p, o, cfg, chash) for (it, v, c), p, o in zip(jobs, prompts, outs)]
+    for k, r in enumerate(records):
+        r["forced_answer"] = k in forced
+    return records
+
+
+def force_answers(src: LMSource, prompts: list[list[int]], outs: list[list[int]], cfg: HFCorpusConfig) -> set[int]:
+    """Budget forcing (Muennighoff et al. 2025, s1): a reply cut at ``max_new_tokens`` without an answer line gets
+    the forced ``Answer:`` line and a greedy answer of ``answer_tokens`` tokens, as causal truncation does; the
+    CoT stays as generated. ``outs`` is extended in place; returns the indices forced."""
+    cut = [k for k, o in enumerate(outs) if len(o) >= cfg.max_new_tokens and answer_line_start(src.decode(o)) is None]
+    if not cut:
+        return set()
+    heads = [outs[k] + src.answer_prefix(src.decode(outs[k])) for k in cut]
+    got = src.generate([prompts[k] + h for k, h in zip(cut, heads)], max_new_tokens=cfg.answer_tokens,
+                       backend=src.greedy)
+    for k, h, g in zip(cut, heads, got):
+        outs[k] = h + g
+    return set(cut)
 
 
 def build_chunk_for(src: LMSource, items: list[LMItem], cfg: HFCorpusConfig, chash: str,
@@ -387,7 +406,8 @@ def build_chunk_for(src: LMSource, items: list[LMItem], cfg: HFCorpusConfig, cha
         got = src.redecode([p + h for (_, _, p, _), h in zip(trunc, heads)], [it.answer_kind for it, *_ in trunc],
                            cfg.answer_tokens, [it.choices for it, *_ in trunc])
         for (it, v, p, _), h, (_, ids) in zip(trunc, heads, got):
-            recs2.append(trace_record(src, it, v, "causal_truncation", p, h + ids, cfg, chash))
+            recs2.append({**trace_record(src, it, v, "causal_truncation", p, h + ids, cfg, chash),
+                          "forced_answer": True})
             views2.append(v)
     if recs2:
         verify_records(src, recs2, views2, item_map, cfg)

@@ -156,7 +156,9 @@ def _plot_matrix(mat: np.ndarray, rows: list[str], cols: list[str], out_dir: Pat
 
     out_dir.mkdir(parents=True, exist_ok=True)
     n_r, n_c = mat.shape
-    fig, ax = plt.subplots(figsize=(1.6 + 0.8 * n_c, 0.8 + 0.7 * n_r))
+    # room for the labels (model names run to 40 characters; about 0.07 in per character at font size 8)
+    row_chars, col_chars = max(map(len, rows), default=0), max(map(len, cols), default=0)
+    fig, ax = plt.subplots(figsize=(1.6 + 0.8 * n_c + 0.07 * row_chars, 0.8 + 0.7 * n_r + 0.05 * col_chars))
     im = ax.imshow(np.ma.masked_invalid(mat), vmin=0.4, vmax=1.0, cmap="viridis")
     for i in range(n_r):
         for j in range(n_c):
@@ -170,7 +172,7 @@ def _plot_matrix(mat: np.ndarray, rows: list[str], cols: list[str], out_dir: Pat
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, label="AUROC")
     fig.tight_layout()
-    fig.savefig(out_dir / fname, dpi=120)
+    fig.savefig(out_dir / fname, dpi=120, bbox_inches="tight")  # never clip a long label
     plt.close(fig)
     return fname
 
