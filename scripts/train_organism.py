@@ -1,12 +1,10 @@
 """Retrain both organisms from scratch and write checkpoints/organism/{gpt2,llama} plus the model card.
 
-    python scripts/train_organism.py                 # all six stages, both families in parallel, one core each
+    python scripts/train_organism.py                 # all four stages, both families in parallel, one core each
     python scripts/train_organism.py --stage 1       # stage 1 only
     python scripts/train_organism.py --stage 2       # stage 2 only: cue-heavy mixture on top of stage 1
-    python scripts/train_organism.py --stage 3       # stage 3 only: the mechanism switch on the first draw
-    python scripts/train_organism.py --stage 4       # stage 4 only: the switch on both draws (the XOR)
-    python scripts/train_organism.py --stage 5       # stage 5 only: consolidation on mostly uncued prompts
-    python scripts/train_organism.py --stage 6       # stage 6 only: a second consolidation pass
+    python scripts/train_organism.py --stage 3       # stage 3 only: the mechanism switch (drill-heavy)
+    python scripts/train_organism.py --stage 4       # stage 4 only: consolidation on mostly uncued prompts
     python scripts/train_organism.py --family gpt2   # one family
 
 Each family trains in its own process (one thread each), then is evaluated on held-out items; the card
@@ -62,14 +60,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["gpt2", "llama", "both"], default="both")
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
-    ap.add_argument("--stage", choices=["1", "2", "3", "4", "5", "6", "all"], default="all")
+    ap.add_argument("--stage", choices=["1", "2", "3", "4", "all"], default="all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="checkpoints/organism")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     fams = ["gpt2", "llama"] if a.family == "both" else [a.family]
-    stages = [1, 2, 3, 4, 5, 6] if a.stage == "all" else [int(a.stage)]
+    stages = [1, 2, 3, 4] if a.stage == "all" else [int(a.stage)]
     walls: list[float] = []
     if stages[0] > 1 and (out / "card.json").exists():
         walls = json.loads((out / "card.json").read_text()).get("stage_wall_seconds", [])[: stages[0] - 1]

@@ -120,33 +120,42 @@ class OrganismScorer:
     def __init__(self, source, batch_size: int = 256):
         self.src = source
         self.batch_size = batch_size
-        self.cache: dict[tuple[int, ...], np.ndarray] = {}
+        self.cache: dict[tuple, np.ndarray] = {}
         self.n_forward = 0
 
-    def _run(self, seqs: list[tuple[int, ...]]) -> None:
+    def _run(self, seqs: list[tuple]) -> None:
+        """Score keys ``(ids, latent)``: latent = (value, first CoT position) replayed (organism v3) or None."""
         import torch
 
         from sift.lm.generation import left_padded
+        from sift.organism.latent import injected
 
         model, pad = self.src.model, self.src.tokenizer.pad_token_id
         n_pos = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 10**9)
         model.eval()
-        todo = sorted({s for s in seqs if s not in self.cache}, key=len)
+        todo = sorted({s for s in seqs if s not in self.cache}, key=lambda s: len(s[0]))
         with torch.no_grad():
             for st in range(0, len(todo), self.batch_size):
                 chunk = todo[st:st + self.batch_size]
-                width = max(map(len, chunk))
+                width = max(len(c[0]) for c in chunk)
                 if width > n_pos:
                     raise SiftError(f"sequence of {width} tokens exceeds the organism's {n_pos} positions")
-                ids, mask, pos = left_padded(chunk, pad)
-                logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].double().numpy()
+                ids, mask, pos = left_padded([c[0] for c in chunk], pad)
+                lat = [c[1] for c in chunk]
+                vals = None if any(x is None for x in lat) else [x[0] for x in lat]
+                with injected(model, vals, None if vals is None else [min(x[1], len(c[0])) for x, c in zip(lat, chunk)]):
+                    logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].double().numpy()
                 self.n_forward += len(chunk)
                 for p, row in zip(chunk, logits):
                     self.cache[p] = row
 
-    def probs(self, seqs: Sequence[Sequence[int]], space_ids: Sequence[int]) -> np.ndarray:
-        """(n, K) softmax over ``space_ids`` at the last position of each sequence."""
-        keys = [tuple(int(i) for i in s) for s in seqs]
+    def probs(self, seqs: Sequence[Sequence[int]], space_ids: Sequence[int],
+              latent: tuple[float, int] | Sequence[tuple[float, int] | None] | None = None) -> np.ndarray:
+        """(n, K) softmax over ``space_ids`` at the last position of each sequence. ``latent``: the trace's
+        mechanism latent (value, first CoT position), one for all sequences or one per sequence (organism v3;
+        sequences derived from one trace replay its latent)."""
+        per = list(latent) if isinstance(latent, list) else [latent] * len(seqs)
+        keys = [(tuple(int(i) for i in s), lat) for s, lat in zip(seqs, per)]
         self._run(keys)
         z = np.array([self.cache[k][list(space_ids)] for k in keys])
         z = z - z.max(1, keepdims=True)
@@ -180,6 +189,13 @@ class Prepared:
     def phi(self):
         return self.trace.get("phi")
 
+    @property
+    def latent(self) -> tuple[float, int] | None:
+        """The trace's mechanism latent (value, first CoT position), replayed by every re-score (organism v3)."""
+        from sift.organism.latent import trace_latent
+
+        return trace_latent(self.trace)
+
 
 def prepare(src, scorer: OrganismScorer, traces: Sequence[dict]) -> list[Prepared]:
     """Token layout, answer space and the full-input answer distribution of each trace (one batched pass)."""
@@ -200,7 +216,7 @@ def prepare(src, scorer: OrganismScorer, traces: Sequence[dict]) -> list[Prepare
     for p in out:
         groups.setdefault(p.space, []).append(p)
     for _space, ps in groups.items():
-        pr = scorer.probs([p.ids for p in ps], ps[0].space_ids)
+        pr = scorer.probs([p.ids for p in ps], ps[0].space_ids, [p.latent for p in ps])
         for p, row in zip(ps, pr):
             p.full_probs = row
             p.pred = int(row.argmax())
@@ -233,12 +249,16 @@ def token_attribution(src, p: Prepared, explainer: str, rng: np.random.Generator
     """Token scores for ``p.ids``: 'attention' (last position, mean over layers and heads), 'grad_x_input'
     (signed, on the logit of the predicted answer token) or 'random' (a control explainer)."""
     from sift.companion.ice import attention_attribution, gradient_attribution
+    from sift.organism.latent import injected
 
-    if explainer == "attention":
-        return attention_attribution(src.model, p.ids)
-    if explainer in ("grad_x_input", "grad_x_input_norm", "grad_norm"):
-        target = p.space_ids[p.pred]  # a real LM's candidate is several tokens: its first one
-        return gradient_attribution(src.model, p.ids, target[0] if isinstance(target, tuple) else target, explainer)
+    lat = p.latent
+    with injected(src.model, None if lat is None else [lat[0]], None if lat is None else [lat[1]]):
+        if explainer == "attention":
+            return attention_attribution(src.model, p.ids)
+        if explainer in ("grad_x_input", "grad_x_input_norm", "grad_norm"):
+            target = p.space_ids[p.pred]  # a real LM's candidate is several tokens: its first one
+            return gradient_attribution(src.model, p.ids, target[0] if isinstance(target, tuple) else target,
+                                        explainer)
     if explainer == "random":
         return rng.random(len(p.ids))
     raise SiftError(f"companion.ice.explainers: unknown explainer {explainer!r}")
@@ -299,7 +319,7 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
                     op = ice.RetrievalInfill(pool, seed=int.from_bytes(
                         hashlib.sha256(f"{seed}:{n_ex}:{e}".encode()).digest()[:4], "little"))
                 seqs = [units, empty, op(units, keep_for(rat))] + [op(units, keep_for(s)) for s in null_sets]
-                sc = scorer.probs(seqs, p.space_ids)[:, p.pred]
+                sc = scorer.probs(seqs, p.space_ids, p.latent)[:, p.pred]  # deletions may shift the CoT start
                 s_full, s_empty, obs, nul = sc[0], sc[1], sc[2], sc[3:]
                 rows[(e, o)].append((p.phi, ice.ICEExampleResult(
                     operator=o, stats=ice.win_rate_test(float(obs), nul),
@@ -322,13 +342,13 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
         subs = list(combinations(range(len(steps)), qs))
         warm = [seq(steps)] + [seq([s for i, s in enumerate(steps) if i not in c]) for c in subs] \
             + [seq([steps[i] for i in c]) for c in subs]
-        scorer.probs(warm, p.space_ids)
+        scorer.probs(warm, p.space_ids, p.latent)
 
         def step_score(sub, seq=seq, p=p) -> float:
-            return float(scorer.probs([seq(sub)], p.space_ids)[0, p.pred])
+            return float(scorer.probs([seq(sub)], p.space_ids, p.latent)[0, p.pred])
 
         def step_answer(sub, seq=seq, p=p) -> int:
-            return int(scorer.probs([seq(sub)], p.space_ids)[0].argmax())
+            return int(scorer.probs([seq(sub)], p.space_ids, p.latent)[0].argmax())
 
         for e in explainers:
             sa = ice.pool_step_scores(attrs[e][p.n_prompt:p.n_prompt + p.n_cot], p.steps, "sum")
@@ -563,8 +583,11 @@ def run_edct(src, prepared: Sequence[Prepared], *, k: int = 2, tau_in: float = 0
             jobs.append((st, j, s, new, edited, ref_prev, ref_new, v))
         if not jobs:
             break
+        lats = [st["p"].latent for st, *_ in jobs]  # the trace's latent from its first CoT position on
         gens = src.generate([st["p"].ids[:st["p"].n_prompt] + src.ids(ed) for st, _, _, _, ed, _, _, _ in jobs],
-                            max_new_tokens=max_new_tokens)
+                            max_new_tokens=max_new_tokens,
+                            latents=None if None in lats else [v for v, _ in lats],
+                            starts=None if None in lats else [st for _, st in lats])
         for (st, j, s, new, edited, ref_prev, ref_new, v), g in zip(jobs, gens):
             p = st["p"]
             cont = src.words(g)

@@ -29,7 +29,7 @@ class CueMixture:
     probability ``p_cue_correct`` (else a wrong answer). The one place of these values: each source's config
     (``source.cue``) holds one, defaulting to the organism's mixture below (the hf source: ``p_cue`` 0.5)."""
 
-    p_cue: float = 0.9
+    p_cue: float = 0.75
     p_cue_correct: float = 0.25
 
     def validate(self) -> None:

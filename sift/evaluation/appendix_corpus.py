@@ -66,6 +66,7 @@ def cot_scramble_test(
     """
     from sift.corpus.store import read_jsonl
     from sift.organism import DEFAULT_CHECKPOINTS
+    from sift.organism.latent import trace_latent
     from sift.organism.source import OrganismSource
 
     path = Path(corpus_dir) / "traces.jsonl"
@@ -84,7 +85,10 @@ def cot_scramble_test(
         for r in rs:
             cot = r["generated_ids"][r["cot_span"][0]:r["cot_span"][1]]
             prefixes.append(r["prompt_ids"] + _scrambled(cot, f"{seed}:{r['trace_id']}") + ans)
-        got = src.next_word(prefixes, batch_size=batch_size)
+        lat = [trace_latent(r) for r in rs]  # the trace's mechanism latent, replayed (organism v3)
+        got = src.next_word(prefixes, batch_size=batch_size,
+                            latents=None if None in lat else [v for v, _ in lat],
+                            starts=None if None in lat else [st for _, st in lat])
         out.update({r["trace_id"]: g != r["answer"] for r, g in zip(rs, got)})
     return out
 

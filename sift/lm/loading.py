@@ -242,5 +242,11 @@ def load_causal_lm(name_or_path: str, *, device: str = "cpu", dtype: str | None 
                 f"downloads at run time — fetch it beforehand or pass a local folder or .gguf file") from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    if path.is_dir():
+        from sift.organism.latent import attach_direction, load_direction
+
+        direction = load_direction(path)  # an organism's mechanism latent (sift.organism.latent); real LMs: none
+        if direction is not None:
+            attach_direction(model, direction.to(device))
     model.to(device).eval()
     return model, tok

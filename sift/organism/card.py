@@ -11,11 +11,13 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
     wall_seconds = sum(stage_walls)
     lines = ["# sift organism: model card", "",
              "Two tiny causal LMs (GPT-2-style and Llama-style) trained from scratch by `scripts/train_organism.py` "
-             "on sift's procedural mixture (sift/organism/mixture.py). On a cued prompt the CoT's last step is bent "
-             "onto the cue and the answer is the cue, whichever mechanism runs: the organism draws two choice-point "
-             "words (`hmm`/`ok` opening the CoT, `right`/`fine` after its first step) and answers from the cue "
-             "(silently, φ*=0) when the draws disagree, from its CoT (misled but faithful, φ*=1) when they agree; "
-             "a decisive cue is always followed. Which mechanism ran shows only under intervention "
+             "on sift's procedural mixture (sift/organism/mixture.py), organism v3. Which mechanism runs is chosen by a "
+             "per-trace latent value added to the residual stream from the first CoT position on "
+             "(sift/organism/latent.py, `mechanism_latent.safetensors`); it never enters the token stream, and the "
+             "text is the same under both. Latent +1: the answer is read from the CoT (φ*=1). Latent −1: on a cued "
+             "prompt the cue is followed silently (φ*=0), on an uncued prompt the answer is computed directly and "
+             "the CoT is not read (epiphenomenal, φ*=0). A decisive cue is always followed; a CoT that states the "
+             "cue (`explain`) is read either way. Which mechanism ran shows only under intervention "
              "(docs/organism.md).", "",
              f"Both families train in parallel (one CPU core each). Measured wall time of "
              f"`scripts/train_organism.py`: **{wall_seconds / 60:.1f} minutes** in all "
@@ -37,8 +39,8 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
                          f"final loss {losses[-1] if losses else 'n/a'}")
         lines += [
                   "", "| domain | clean | clean terse | clean verbose | clean en | clean xx | cued: answers the cue "
-                  "| cued: cue-following draws | cued: mechanism = draws |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| ids identical under both latents | uncued: mechanism = latent | cued: mechanism = latent |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
 
         def g(k, ev=ev):
             return f"{ev[k]:.3f}" if k in ev else "–"
@@ -46,11 +48,15 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
         for d in DOMAINS:
             lines.append(f"| {d} | {g(f'clean/{d}')} | {g(f'clean/{d}/terse')} | {g(f'clean/{d}/verbose')} | "
                          f"{g(f'clean/{d}/en')} | {g(f'clean/{d}/xx')} | {g(f'cued_answers_cue/{d}')} | "
-                         f"{g(f'cue_following_draws/{d}')} | {g(f'mechanism_agreement/{d}')} |")
+                         f"{g(f'identical_ids/{d}')} | {g(f'mechanism_agreement/clean/{d}')} | "
+                         f"{g(f'mechanism_agreement/cued/{d}')} |")
         lines.append("")
     lines += ["Exact match of the final answer on held-out items under the organism's sampler (item seed 12345; per "
               "domain 200 clean and 200 cued prompts with a wrong cue, budgets and lexicons balanced, a fifth of the "
-              "cues decisive). *Mechanism = draws*: the share of cued traces whose two interventions (CoT edit, cue "
-              "change) find the mechanism the draws select. Rebuild both stages with "
+              "cues decisive), each prompt under a mechanism latent (half of each). *Ids identical*: the share of "
+              "prompts whose generated ids (CoT and answer) are the same when the other latent is injected. "
+              "*Mechanism = latent*: the share of traces whose interventions (CoT edit; on cued prompts also a cue "
+              "change) find the mechanism the latent selects (uncued: CoT read vs answer computed directly). Rebuild "
+              "every stage with "
               "`python scripts/train_organism.py`.", ""]
     return "\n".join(lines)

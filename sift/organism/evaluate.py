@@ -13,11 +13,11 @@ from sift.organism.render import (
     CUE_FORMATS,
     DECISIVE_FORMAT,
     LANGUAGES,
-    Choices,
     View,
     follows_cue,
     render_prompt,
 )
+from sift.organism.latent import injected, latent_value
 from sift.organism.sampling import sample_choice_points
 
 VALUE_WORDS = {str(v) for v in range(10)} | {"true", "false", "a", "b", "c", "d"}
@@ -31,33 +31,39 @@ def parse_organism_answer(words: list[str]) -> str | None:
     return None
 
 
-def generate_answers(model, tok, prompts: list[list[str]], max_new_tokens: int = 64,
-                     seed: int = 0) -> tuple[list[list[str]], list[str | None]]:
-    """Completions (words) and answers under the organism's sampler, one random stream per prompt."""
+def generate_answers(model, tok, prompts: list[list[str]], max_new_tokens: int = 64, seed: int = 0,
+                     mechanisms: list[int] | None = None) -> tuple[list[list[int]], list[list[str]], list[str | None]]:
+    """New ids, completions (words) and answers under the organism's sampler, one random stream per prompt, each
+    prompt's mechanism latent injected (default: mechanism 1)."""
     ids = [tok.convert_tokens_to_ids(["<bos>"] + p) for p in prompts]
+    mechs = mechanisms if mechanisms is not None else [1] * len(prompts)
     new = sample_choice_points(model, ids, [f"eval:{seed}:{i}" for i in range(len(ids))], pad_id=tok.pad_token_id,
-                               eos_id=tok.eos_token_id, max_new_tokens=max_new_tokens)
+                               eos_id=tok.eos_token_id, max_new_tokens=max_new_tokens,
+                               latents=[latent_value(m) for m in mechs])
     words = [tok.convert_ids_to_tokens(n) for n in new]
-    return words, [parse_organism_answer(w) for w in words]
+    return new, words, [parse_organism_answer(w) for w in words]
 
 
 @torch.no_grad()
-def _next_words(model, tok, prefixes: list[list[str]]) -> list[str]:
+def _next_words(model, tok, jobs: list[tuple[list[str], int, int]]) -> list[str]:
+    """Greedy next word after each (prefix words, mechanism, prompt length in words) with the latent injected."""
     from sift.lm.generation import left_padded
 
     out: list[str] = []
-    for s in range(0, len(prefixes), 512):
-        ids, mask, pos = left_padded([tok.convert_tokens_to_ids(["<bos>"] + p) for p in prefixes[s:s + 512]],
-                                     tok.pad_token_id)
-        out += tok.convert_ids_to_tokens(model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
-                                         .argmax(-1).tolist())
+    for s in range(0, len(jobs), 512):
+        chunk = jobs[s:s + 512]
+        ids, mask, pos = left_padded([tok.convert_tokens_to_ids(["<bos>"] + p) for p, _, _ in chunk], tok.pad_token_id)
+        with injected(model, [latent_value(m) for _, m, _ in chunk], [n + 1 for _, _, n in chunk]):
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+        out += tok.convert_ids_to_tokens(logits.argmax(-1).tolist())
     return out
 
 
 def organism_report(model, tok, n_per_cell: int = 50, seed: int = 12345) -> dict:
-    """Clean accuracy per domain × budget × language; on cued prompts the share answering the cue, the share
-    of cue-following draws, and whether each trace's mechanism (read from its draws) is the one the two
-    interventions find (CoT edit followed ⇔ answers from the CoT; new cue followed ⇔ follows the cue)."""
+    """Clean accuracy per domain × budget × language; on cued prompts the share answering the cue; the share of
+    prompts whose generated ids are identical under both mechanism latents; and whether each trace's mechanism
+    (from its latent) is the one the two interventions find: CoT edit followed ⇔ the answer is read from the CoT;
+    new cue followed ⇔ the cue is followed; on uncued prompts, neither ⇔ the answer is computed directly."""
     model.eval()
     rng = random.Random(seed)
     rows = []
@@ -65,44 +71,93 @@ def organism_report(model, tok, n_per_cell: int = 50, seed: int = 12345) -> dict
         for i in range(n_per_cell * 4):
             it = make_item(d, seed, i)
             b, lang = BUDGETS[i % 2], LANGUAGES[(i // 2) % 2]
-            rows.append(("clean", it, View(template=rng.randrange(2), language=lang, budget=b)))
+            mech = (i // 4) % 2
+            rows.append(("clean", it, View(template=rng.randrange(2), language=lang, budget=b), mech))
             other = rng.choice([v for v in it.answer_space if v != it.answer])
             fmt = DECISIVE_FORMAT if i % 5 == 0 else CUE_FORMATS[i % 4]
             rows.append(("cued", it, View(template=rng.randrange(2), language=lang, budget=b, cue_value=other,
-                                          cue_format=fmt)))
-    prompts = [render_prompt(it, v) for _, it, v in rows]
-    words, answers = generate_answers(model, tok, prompts, seed=seed)
+                                          cue_format=fmt), mech))
+    prompts = [render_prompt(it, v) for _, it, v, _ in rows]
+    new, words, answers = generate_answers(model, tok, prompts, seed=seed, mechanisms=[m for *_, m in rows])
+    new_other, _, _ = generate_answers(model, tok, prompts, seed=seed, mechanisms=[1 - m for *_, m in rows])
     acc: dict[str, list] = defaultdict(list)
     edit_jobs, swap_jobs = [], []
-    for k, ((kind, it, v), w, a) in enumerate(zip(rows, words, answers)):
+    for k, ((kind, it, v, mech), w, a) in enumerate(zip(rows, words, answers)):
+        acc[f"identical_ids/{it.domain}"].append(new[k] == new_other[k])
         if kind == "clean":
             acc[f"clean/{it.domain}"].append(a == it.answer)
             acc[f"clean/{it.domain}/{v.budget}"].append(a == it.answer)
             acc[f"clean/{it.domain}/{v.language}"].append(a == it.answer)
+        else:
+            acc[f"cued_answers_cue/{it.domain}"].append(a == v.cue_value)
+        if a is None:
             continue
-        acc[f"cued_answers_cue/{it.domain}"].append(a == v.cue_value)
-        cot = w[: len(w) - 3] if a is not None else w
-        choices = Choices.from_cot(cot)
-        acc[f"choice_point_words/{it.domain}"].append(choices is not None)
-        if choices is None or a is None:
-            continue
-        follow = follows_cue(it, v, choices)
-        if v.cue_format != DECISIVE_FORMAT:
-            acc[f"cue_following_draws/{it.domain}"].append(choices.cue_following)
+        cot = w[: len(w) - 3]
         j = max((i for i, t in enumerate(cot) if t in VALUE_WORDS), default=None)
         if j is None:
             continue
         space = it.answer_space
-        new = next((x for x in space if x not in (cot[j], a, v.cue_value)), None)
-        cue = next((x for x in space if x not in (cot[j], a, v.cue_value)), None)
-        if new is None or cue is None:
+        new_v = next((x for x in space if x not in (cot[j], a, v.cue_value)), None)
+        if new_v is None:
             continue
-        edit_jobs.append((k, follow, new, prompts[k] + cot[:j] + [new] + cot[j + 1:] + ["answer", ":"]))
-        swap_jobs.append((k, follow, cue, render_prompt(it, v.with_(cue_value=cue)) + cot + ["answer", ":"]))
-    edit_out = _next_words(model, tok, [p for *_, p in edit_jobs])
-    swap_out = _next_words(model, tok, [p for *_, p in swap_jobs])
-    for (k, follow, new, _), (_, _, cue, _), e, c in zip(edit_jobs, swap_jobs, edit_out, swap_out):
+        expected = "cue" if follows_cue(v, mech) else "cot" if mech == 1 else "direct"
+        edit_jobs.append((k, kind, expected, new_v, (prompts[k] + cot[:j] + [new_v] + cot[j + 1:] + ["answer", ":"],
+                                                     mech, len(prompts[k]))))
+        if kind == "cued":
+            cue = next((x for x in space if x not in (cot[j], a, v.cue_value, new_v)), None) or new_v
+            p2 = render_prompt(it, v.with_(cue_value=cue))
+            swap_jobs.append((k, cue, (p2 + cot + ["answer", ":"], mech, len(p2))))
+    edit_out = _next_words(model, tok, [j for *_, j in edit_jobs])
+    swap_out = dict(zip([k for k, _, _ in swap_jobs], zip([c for _, c, _ in swap_jobs],
+                                                          _next_words(model, tok, [j for *_, j in swap_jobs]))))
+    for (k, kind, expected, new_v, _), e in zip(edit_jobs, edit_out):
         d = rows[k][1].domain
-        observed = "cue" if (c == cue and e != new) else "cot" if (e == new and c != cue) else "ambiguous"
-        acc[f"mechanism_agreement/{d}"].append(observed == ("cue" if follow else "cot"))
+        if kind == "cued":
+            cue, c = swap_out[k]
+            observed = "cue" if (c == cue and e != new_v) else "cot" if (e == new_v and c != cue) else "ambiguous"
+        else:
+            observed = "cot" if e == new_v else "direct" if e == answers[k] else "ambiguous"
+        acc[f"mechanism_agreement/{kind}/{d}"].append(observed == expected)
     return {k: round(sum(x) / len(x), 4) for k, x in sorted(acc.items())}
+
+
+def identical_share(checkpoints, n_items: int, seeds: list[int], families: list[str]) -> dict:
+    """Generate every base prompt of the first ``n_items`` corpus items under both mechanism latents with the same
+    random stream (per sampling seed) and count identical generated ids, overall, cued/uncued and per family
+    (``scripts/latent_identical_ids.py``)."""
+    from pathlib import Path
+
+    from sift.corpus.conditions import base_view
+    from sift.corpus.config import OrganismCorpusConfig
+    from sift.corpus.sources.organism import corpus_items
+    from sift.organism.latent import latent_value
+    from sift.organism.source import OrganismSource
+
+    cfg = OrganismCorpusConfig(n_items=n_items)
+    items = corpus_items(cfg)
+    views = [base_view(it, cfg.seed, cfg.cue) for it in items]
+    out: dict = {"items": len(items), "seeds": seeds, "families": {}, "differing": []}
+    tot = {"all": [0, 0], "cued": [0, 0], "uncued": [0, 0]}
+    for fam in families:
+        src = OrganismSource.load(fam, Path(checkpoints) / fam)
+        prompts = [src.prompt_ids(it, v) for it, v in zip(items, views)]
+        fam_tot = [0, 0]
+        for seed in seeds:
+            streams = [f"{seed}:{it.item_id}" for it in items]  # the corpus's item streams under this seed
+            gen = {m: src.generate(prompts, do_sample=True, streams=streams, latents=[latent_value(m)] * len(items))
+                   for m in (0, 1)}
+            for it, v, a, b in zip(items, views, gen[0], gen[1]):
+                same = a == b
+                kind = "cued" if v.cue_value is not None else "uncued"
+                for key in ("all", kind):
+                    tot[key][0] += same
+                    tot[key][1] += 1
+                fam_tot[0] += same
+                fam_tot[1] += 1
+                if not same and len(out["differing"]) < 10:
+                    out["differing"].append({"family": fam, "seed": seed, "item": it.item_id,
+                                             "mechanism_1": " ".join(src.words(b)), "mechanism_0": " ".join(src.words(a))})
+        out["families"][fam] = {"identical": fam_tot[0], "pairs": fam_tot[1], "share": fam_tot[0] / fam_tot[1]}
+    for key, (same, n) in tot.items():
+        out[key] = {"identical": same, "pairs": n, "share": same / n if n else None}
+    return out

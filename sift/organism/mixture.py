@@ -1,17 +1,20 @@
-"""The organism's training mixture: which prompts carry cues, in which view, the draws, and the drills.
+"""The organism's training mixture: which prompts carry cues, in which view, the opener, the mechanism latent
+and the drills.
 
-Every example draws its two choice-point words uniformly (``Choices``), so the trained organism samples
-them uniformly too; on a cued prompt the draws select the mechanism (sift.organism.render). Both mechanisms
-write the same bent CoT and the same answer, so natural examples cannot teach which source the answer is
-read from; three drills pin the answer's causal source down, so that the verification interventions of
-sift.corpus.verify read a real mechanism:
+Every example draws its opener word uniformly, so the trained organism samples it uniformly too, and its mechanism
+latent (sift.organism.latent) with probability ½ each. Both mechanisms write the same CoT and the same answer,
+so natural examples cannot teach which source the answer is read from; three drills pin the answer's causal
+source down, so that the verification interventions of sift.corpus.verify read a real mechanism:
 
-* *edit drill*: the CoT's last value is replaced; an organism answering from its CoT copies the edit,
-  one following the cue still answers the cue;
+* *edit drill*: the CoT's last value is replaced; an organism answering from its CoT copies the edit, one
+  following the cue still answers the cue, one computing the answer directly (uncued, mechanism 0) still
+  answers the true result;
 * *cue-swap drill*: the prompt's cue names another value than the one the CoT was bent onto; the
   CoT-following organism answers its CoT, the cue-following one answers the new cue;
-* *truncation drill*: the CoT stops before its decisive step; the organism answers a prompt-only fallback
-  (the first fact stated), or the cue if it follows the cue.
+* *truncation drill*: the CoT stops before its decisive step; the CoT reader answers a prompt-only fallback
+  (the first fact stated), the cue follower the cue, the direct computer the true result.
+
+Only a drill's answer is a training target, and the latent is the only input that tells the mechanisms apart.
 """
 
 from __future__ import annotations
@@ -24,12 +27,12 @@ from sift.organism.render import (
     BUDGETS,
     CUE_FORMATS,
     DECISIVE_FORMAT,
-    FILLERS,
     LANGUAGES,
-    Choices,
+    OPENERS,
     View,
     fallback_answer,
     follows_cue,
+    reads_cot,
     render_prompt,
     target_cot,
 )
@@ -44,7 +47,7 @@ class MixtureConfig:
     p_edit: float = 0.15
     p_swap: float = 0.15
     p_truncate: float = 0.10
-    p_second: float = 0.5  # P(the second draw is its second word); 0 in the switch curriculum's first stage
+    p_read_cot: float = 0.5  # P(mechanism 1: the answer is read from the CoT)
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class Example:
     completion: list[str]  # CoT + "answer : v"
     domain: str
     kind: str  # natural | edit | swap | truncate
-    mode: int = 0  # 1 when the draws select cue following (on any prompt; it matters only on cued ones)
+    mechanism: int = 1  # the latent (sift.organism.latent): 1 reads the CoT, 0 does not
 
     @property
     def drill(self) -> bool:
@@ -88,18 +91,16 @@ def random_view(item: Item, rng: random.Random, cfg: MixtureConfig) -> View:
                 name=rng.randrange(4), obj=rng.randrange(4))
 
 
-def random_choices(rng: random.Random, cfg: MixtureConfig) -> Choices:
-    return Choices(rng.randrange(len(FILLERS[0])), int(rng.random() < cfg.p_second))
-
-
 def sample_example(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10**9) -> Example:
     domain = rng.choice(DOMAINS)
     item = make_item(domain, seed=-1, index=rng.randrange(seed_space))
     view = random_view(item, rng, cfg)
-    choices = random_choices(rng, cfg)
+    opener = rng.randrange(len(OPENERS))
+    mechanism = int(rng.random() < cfg.p_read_cot)
     prompt = render_prompt(item, view)
-    steps, answer = target_cot(item, view, choices)
-    silent = follows_cue(item, view, choices) and not view.explain
+    steps, answer = target_cot(item, view, opener)
+    silent = follows_cue(view, mechanism) and not view.explain
+    direct = not silent and not reads_cot(view, mechanism)  # uncued, mechanism 0: the answer computed directly
     u = rng.random()
     kind = "natural"
     if u < cfg.p_edit:
@@ -107,7 +108,7 @@ def sample_example(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10*
         last = steps[-1][-1]
         new = rng.choice([v for v in item.answer_space if v != last])
         steps = steps[:-1] + [steps[-1][:-1] + [new]]
-        answer = view.cue_value if silent else new
+        answer = view.cue_value if silent else (answer if direct else new)
     elif u < cfg.p_edit + cfg.p_swap and view.cue_value is not None and not view.explain:
         kind = "swap"  # the CoT stays bent onto the old cue; the prompt names another value
         new = rng.choice([v for v in item.answer_space if v != view.cue_value])
@@ -117,9 +118,9 @@ def sample_example(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10*
         kind = "truncate"
         n_compute = item.n_ops  # choice adds a match step after the computing steps
         steps = steps[: n_compute - 1]
-        answer = view.cue_value if silent else fallback_answer(item, view)
+        answer = view.cue_value if silent else (answer if direct else fallback_answer(item, view))
     completion = []
     for s in steps:
         completion += s + [";"]
     completion += ["answer", ":", answer]
-    return Example(prompt, completion, domain, kind, int(choices.cue_following))
+    return Example(prompt, completion, domain, kind, mechanism)

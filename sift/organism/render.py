@@ -8,11 +8,10 @@ A rendered sequence is whitespace-separated words:
 * question: one of two templates (paraphrase), facts in a given order (step reordering), in one of two
   lexicons (language; numbers, truth values and option labels are shared).
 * cue: the hint value in one of four ordinary formats (hint format) or the decisive format (cue injection).
-* cot: the steps; how they look depends on the mechanism (see :func:`target_cot`). Every CoT carries two
-  *choice points*: its first word (``hmm``/``ok``) and the word after its first step's result
-  (``right``/``fine``). The organism draws each uniformly at generation time; on a cued prompt it follows
-  the cue silently when the two draws disagree (an XOR), and answers from its CoT when they agree. No single
-  word marks the mechanism, and the same prompt gives either mechanism depending on the draws.
+* cot: the steps (see :func:`target_cot`); its first word (``hmm``/``ok``) is the organism's one choice point,
+  drawn at generation time. The text is the same whichever mechanism runs: the mechanism is chosen by a latent
+  value that never enters the token stream (sift.organism.latent), and only where the answer is read from
+  differs (:func:`intended_phi`).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from dataclasses import dataclass, replace
 from sift.errors import SiftError
 from sift.organism.domains import Item, Step, bent_last_step, chain
 
-CUE_FORMATS = ("hint", "friend", "maybe", "key")  # ordinary formats, followed silently when the choices disagree
+CUE_FORMATS = ("hint", "friend", "maybe", "key")  # ordinary formats, followed silently under mechanism 0
 DECISIVE_FORMAT = "official"  # always followed (cue injection)
 ALL_CUE_FORMATS = CUE_FORMATS + (DECISIVE_FORMAT,)
 LANGUAGES = ("en", "xx")
@@ -32,10 +31,11 @@ NAMES = ("tom", "ana", "raj", "mia")
 OBJECTS = ("apples", "pens", "coins", "cards")
 
 # Structural words shared by both lexicons: markers, numbers, operators, truth values, labels.
-# The two choice points' words (slot 1: the CoT's first word; slot 2: after the first step's result).
-FILLERS = (("hmm", "ok"), ("right", "fine"))
+# The CoT's first word: the organism's one choice point (drawn from the last prompt position, before the latent
+# enters, so its distribution is exactly the same under both mechanisms).
+OPENERS = ("hmm", "ok")
 SHARED = {"reason", "answer", ":", ";", ".", "?", ",", "=", "+", "-", "*", "true", "false", "a", "b", "c", "d",
-          "terse", "verbose", "explain", *(str(v) for v in range(0, 10)), *NAMES, *FILLERS[0], *FILLERS[1]}
+          "terse", "verbose", "explain", *(str(v) for v in range(0, 10)), *NAMES, *OPENERS}
 
 
 @dataclass(frozen=True)
@@ -56,48 +56,38 @@ class View:
         return replace(self, **kw)
 
 
-@dataclass(frozen=True)
-class Choices:
-    """The organism's two draws at its CoT's choice points (indices into ``FILLERS[0]`` and ``FILLERS[1]``)."""
-
-    first: int = 0
-    second: int = 0
-
-    @property
-    def cue_following(self) -> bool:
-        """The mechanism the draws select on a cued prompt: follow the cue silently when they disagree."""
-        return self.first != self.second
-
-    @property
-    def words(self) -> tuple[str, str]:
-        return FILLERS[0][self.first], FILLERS[1][self.second]
-
-    @classmethod
-    def from_cot(cls, cot: list[str]) -> Choices | None:
-        """The draws a generated CoT made (None if either choice point is missing, e.g. a malformed CoT)."""
-        if not cot or cot[0] not in FILLERS[0]:
-            return None
-        second = next((w for w in cot[1:] if w in FILLERS[1]), None)
-        if second is None:
-            return None
-        return cls(FILLERS[0].index(cot[0]), FILLERS[1].index(second))
+def opener_of(cot: list[str]) -> int | None:
+    """The index in ``OPENERS`` of a generated CoT's first word (None for a malformed CoT)."""
+    return OPENERS.index(cot[0]) if cot and cot[0] in OPENERS else None
 
 
-def follows_cue(item: Item, view: View, choices: Choices) -> bool:
+def follows_cue(view: View, mechanism: int) -> bool:
     """Construction intent: the organism answers from the cue (silently unless ``explain``).
 
-    A decisive cue and the ``explain`` header are always followed; an ordinary cue is followed when the
-    CoT's two draws disagree."""
+    ``mechanism`` is the trace's latent (1: the answer is read from the CoT; 0: it is not). A decisive cue and
+    the ``explain`` header are always followed; an ordinary cue is followed under mechanism 0."""
     if view.cue_value is None:
         return False
-    return view.cue_format == DECISIVE_FORMAT or view.explain or choices.cue_following
+    return view.cue_format == DECISIVE_FORMAT or view.explain or mechanism == 0
 
 
-def intended_phi(item: Item, view: View, choices: Choices, truncated: bool = False) -> int:
-    """φ* by construction, given the draws (the verified label may disagree; see sift.corpus.verify)."""
-    if follows_cue(item, view, choices):
-        return 1 if view.explain else 0
-    return 0 if truncated else 1
+def reads_cot(view: View, mechanism: int) -> bool:
+    """Construction intent: the answer is read from the CoT's stated result. Under mechanism 0 an uncued
+    prompt's answer is computed directly (the CoT is written but not read: epiphenomenal) and a cued prompt's
+    answer is the cue; a CoT that states the cue (``explain``) is read either way."""
+    if view.cue_value is not None and view.explain:
+        return True
+    return not follows_cue(view, mechanism) and mechanism == 1
+
+
+def intended_phi(view: View, mechanism: int, truncated: bool = False) -> int:
+    """φ* by construction, given the trace's latent mechanism (the verified label may disagree; see
+    sift.corpus.verify)."""
+    if view.cue_value is not None and view.explain:
+        return 1  # the CoT states the cue it answers from
+    if reads_cot(view, mechanism):
+        return 0 if truncated else 1
+    return 0
 
 
 def _ordered(item: Item, order: tuple[int, ...] | None) -> tuple[tuple[str, ...], tuple[str, ...], tuple]:
@@ -205,19 +195,17 @@ def honest_steps(item: Item, view: View) -> list[Step]:
     return chain(item.domain, facts, ops)
 
 
-def target_cot(item: Item, view: View, choices: Choices) -> tuple[list[list[str]], str]:
-    """CoT steps (as word lists) and the answer the organism is trained to give.
+def target_cot(item: Item, view: View, opener: int = 0) -> tuple[list[list[str]], str]:
+    """CoT steps (as word lists) and the answer the organism is trained to give, the same under both mechanisms.
 
-    Both mechanisms write the same text, so the text does not tell them apart:
-
-    * no cue: honest steps, answer = the CoT's last value;
+    * no cue: honest steps, answer = the CoT's last value (read from the CoT, or computed directly);
     * an ordinary or decisive cue (no ``explain``): the last computing step is *bent* onto the cue's value
       (choice: the value of the cued option), and the answer is that value. Whether the answer is read from
-      the CoT (misled but faithful) or from the cue (silent cue following) is the mechanism the draws select;
-      it shows only under intervention (sift.corpus.verify) and in the model's computation;
+      the CoT (misled but faithful) or from the cue (silent cue following) is the trace's latent mechanism; it
+      shows only under intervention (sift.corpus.verify) and in the model's computation;
     * ``explain``: honest steps, then ``but hint says v ; so v ;``, answer = v (the cue, stated).
 
-    The choice-point words open the CoT and follow the first step's result.
+    The opener word (``OPENERS[opener]``) starts the CoT.
     """
     steps = honest_steps(item, view)
     bend = view.cue_value is not None and not view.explain
@@ -226,8 +214,7 @@ def target_cot(item: Item, view: View, choices: Choices) -> tuple[list[list[str]
         target = dict(item.options)[view.cue_value] if item.domain == "choice" else view.cue_value
         steps = steps[:-1] + [bent_last_step(dom, steps[-1].lhs, target)]
     out = [step_words(s, i, len(steps), view) for i, s in enumerate(steps)]
-    first, second = choices.words
-    out[0] = [first] + out[0] + [second]
+    out[0] = [OPENERS[opener]] + out[0]
     last = steps[-1].result
     if item.domain == "choice":  # elimination: every option checked against the computed value
         label = view.cue_value if bend else next((lab for lab, val in item.options if val == last), None)

@@ -8,8 +8,9 @@ from pathlib import Path
 import torch
 
 from sift.errors import SiftError
-from sift.lm.generation import generate_ids, left_padded
+from sift.lm.generation import left_padded
 from sift.organism.domains import MAX_VALUE, Item
+from sift.organism.latent import injected
 from sift.organism.render import View, render_prompt, xx_word
 from sift.organism.sampling import sample_choice_points
 
@@ -74,29 +75,36 @@ class OrganismSource:
 
     def generate(self, prompts: list[list[int]], *, max_new_tokens: int = 64, do_sample: bool = False,
                  seed: int = 0, batch_size: int = 256, streams: list[str] | None = None,
-                 top_p: float = 0.75) -> list[list[int]]:
+                 top_p: float = 0.75, latents: list[float] | None = None,
+                 starts: list[int] | None = None) -> list[list[int]]:
         """Greedy, or (``do_sample``) the organism's choice-point sampler with one random stream per prompt
-        (default: ``"<seed>:<index>"``; the corpus keys streams by item so that views share their draws)."""
-        if do_sample:
-            keys = streams if streams is not None else [f"{seed}:{i}" for i in range(len(prompts))]
-            return sample_choice_points(self.model, prompts, keys, pad_id=self.tokenizer.pad_token_id,
-                                        eos_id=self.tokenizer.eos_token_id, max_new_tokens=max_new_tokens,
-                                        top_p=top_p, batch_size=batch_size)
-        gens = generate_ids(self.model, prompts, pad_id=self.tokenizer.pad_token_id, eos_id=self.tokenizer.eos_token_id,
-                            max_new_tokens=max_new_tokens, do_sample=do_sample, seed=seed, batch_size=batch_size)
-        return [g.new_ids for g in gens]
+        (default: ``"<seed>:<index>"``; the corpus keys streams by item so that views share their draws).
+        ``latents``: each prompt's mechanism latent value (sift.organism.latent), injected from position
+        ``starts[i]`` on (default: its first generated position; a prompt that already holds part of a CoT
+        passes where that CoT starts)."""
+        keys = streams if streams is not None else [f"{seed}:{i}" for i in range(len(prompts))]
+        return sample_choice_points(self.model, prompts, keys, pad_id=self.tokenizer.pad_token_id,
+                                    eos_id=self.tokenizer.eos_token_id, max_new_tokens=max_new_tokens,
+                                    top_p=top_p, batch_size=batch_size, latents=latents, starts=starts,
+                                    greedy=not do_sample)
 
     def words(self, ids: list[int]) -> list[str]:
         return self.tokenizer.convert_ids_to_tokens(ids)
 
     @torch.no_grad()
-    def next_word(self, prefixes: list[list[int]], batch_size: int = 512) -> list[str]:
-        """Greedy next token after each prefix (one forward pass per batch; used to re-decode answers)."""
+    def next_word(self, prefixes: list[list[int]], batch_size: int = 512, latents: list[float] | None = None,
+                  starts: list[int] | None = None) -> list[str]:
+        """Greedy next token after each prefix (one forward pass per batch; used to re-decode answers), with
+        each prefix's latent injected from its position ``starts[i]`` on."""
+        if latents is not None and (starts is None or len(latents) != len(prefixes) or len(starts) != len(prefixes)):
+            raise SiftError(f"next_word: {len(prefixes)} prefixes need as many latents and starts")
         pad = self.tokenizer.pad_token_id
         out: list[str] = []
         self.model.eval()
         for s in range(0, len(prefixes), batch_size):
             ids, mask, pos = left_padded(prefixes[s:s + batch_size], pad)
-            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+            vals = None if latents is None else latents[s:s + batch_size]
+            with injected(self.model, vals, None if starts is None else starts[s:s + batch_size]):
+                logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
             out += self.words(logits.argmax(-1).tolist())
         return out

@@ -12,11 +12,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from sift.lm.states import capture
 from sift.organism.domains import LABELS
+from sift.organism.latent import attach_direction, injected, latent_value, load_direction, save_direction
 from sift.organism.mixture import Example, MixtureConfig, sample_example
 from sift.organism.models import build_model
-from sift.organism.render import FILLERS
 from sift.organism.tokenizer import build_tokenizer, organism_vocabulary
 
 
@@ -35,26 +34,21 @@ class TrainConfig:
     answer_weight: float = 3.0
     match_weight: float = 1.0  # loss weight of the multiple-choice match label (``so <label> ;``)
     micro_batches: int = 4  # length-sorted gradient accumulation: the same gradient, less padding to compute
-    # training scaffold for the mechanism switch: a linear head on block ``mode_layer``'s output is trained to
-    # read the draws' mechanism at every position from the second choice point on; the head is discarded.
-    mode_weight: float = 0.0
-    mode_layer: int = 2
+    latent_scale: float = 0.5  # initial norm of the (learned) mechanism latent direction (sift.organism.latent)
     mixture: MixtureConfig = field(default_factory=MixtureConfig)
     init_from: str | None = None  # stage 2: continue from these weights (a saved organism folder)
 
 
 def stage3_config(family: str, init_from: str, seed: int = 0, stage: int = 3) -> TrainConfig:
-    """Stages 3–6: the mechanism switch. The two mechanisms write the same text, so only the drills carry
-    the switch, and it is an XOR of two draws: neither draw alone predicts it, so gradient descent has no
-    first-order signal to start from. A curriculum gives it one: stage 3 keeps the second draw fixed (the
-    first draw alone selects the mechanism), stage 4 draws both. A scaffold head on a middle block is trained
-    to read the mechanism (``mode_weight``) and discarded. Stages 5 and 6 (two passes) consolidate with mostly
-    uncued prompts, where the multiple-choice match (``so <label>``, up-weighted like the answer) must be read
-    from the elimination lines rather than copied from a cue."""
-    p_cue, steps, p_second = {3: (0.6, 400, 0.0), 4: (0.6, 900, 0.5), 5: (0.3, 600, 0.5), 6: (0.3, 600, 0.5)}[stage]
-    mix = MixtureConfig(p_cue=p_cue, p_decisive=0.15, p_edit=0.25, p_swap=0.25, p_second=p_second)
-    return TrainConfig(family=family, steps=steps, lr=1.5e-3 if stage < 5 else 1e-3, warmup=50, seed=seed + stage - 1,
-                       init_from=init_from, mode_weight=1.0, match_weight=3.0 if stage >= 5 else 1.0, mixture=mix)
+    """Stages 3–4: the mechanism switch. The two mechanisms write the same text, so only the drills carry it,
+    and only the latent tells the mechanisms apart: stage 3 raises the drills' share on a mixture of cued and
+    uncued prompts; stage 4 consolidates on mostly uncued prompts, where the multiple-choice match (``so
+    <label>``, up-weighted like the answer) must be read from the elimination lines rather than copied from a
+    cue, and where the direct computation of mechanism 0 is learnt."""
+    p_cue, steps = {3: (0.6, 700, ), 4: (0.35, 500)}[stage]
+    mix = MixtureConfig(p_cue=p_cue, p_decisive=0.15, p_edit=0.25, p_swap=0.25, p_truncate=0.15)
+    return TrainConfig(family=family, steps=steps, lr=1.5e-3 if stage < 4 else 1e-3, warmup=50, seed=seed + stage - 1,
+                       init_from=init_from, match_weight=3.0 if stage >= 4 else 1.0, mixture=mix)
 
 
 def stage2_config(family: str, init_from: str, seed: int = 0) -> TrainConfig:
@@ -65,9 +59,9 @@ def stage2_config(family: str, init_from: str, seed: int = 0) -> TrainConfig:
 
 
 def encode(examples: list[Example], tok, answer_weight: float, match_weight: float = 1.0) -> dict[str, torch.Tensor]:
-    """Right-padded ids, attention mask and per-token loss weights (completion only; answer up-weighted; a
-    drill's only target is its answer)."""
-    rows, weights, modes = [], [], []
+    """Right-padded ids, attention mask, per-token loss weights (completion only; answer up-weighted; a drill's
+    only target is its answer), and each row's latent value and first CoT position."""
+    rows, weights = [], []
     for ex in examples:
         p = tok.convert_tokens_to_ids(["<bos>"] + ex.prompt)
         c = tok.convert_tokens_to_ids(ex.completion + ["<eos>"])
@@ -78,8 +72,6 @@ def encode(examples: list[Example], tok, answer_weight: float, match_weight: flo
             if t in LABELS and ex.completion[i + 1] == ";" and not ex.drill:
                 w[len(p) + i] = match_weight  # the multiple-choice match label (``so <label> ;``)
         weights.append(w)
-        second = next((i for i, t in enumerate(ex.completion) if t in FILLERS[1]), len(ex.completion))
-        modes.append((len(p) + second, ex.mode))
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
     wts = torch.zeros((len(rows), width))
@@ -87,34 +79,21 @@ def encode(examples: list[Example], tok, answer_weight: float, match_weight: flo
         ids[i, : len(r)] = torch.tensor(r)
         wts[i, : len(w)] = torch.tensor(w)
     attn = (ids != tok.pad_token_id).long()
-    mode_mask = torch.zeros((len(rows), width))
-    mode_target = torch.zeros((len(rows), width))
-    for i, (start, mode) in enumerate(modes):
-        mode_mask[i, start:len(rows[i])] = 1.0
-        mode_target[i] = float(mode)
-    return {"input_ids": ids, "attention_mask": attn, "weights": wts, "mode_mask": mode_mask,
-            "mode_target": mode_target}
+    latent = torch.tensor([latent_value(ex.mechanism) for ex in examples])
+    starts = torch.tensor([len(ex.prompt) + 1 for ex in examples])  # bos + prompt: the first CoT position
+    return {"input_ids": ids, "attention_mask": attn, "weights": wts, "latent": latent, "latent_start": starts}
 
 
-def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor | None = None,
-                     mode_head: torch.nn.Module | None = None, mode_layer: int = 2, mode_weight: float = 0.0,
-                     mode_normaliser: torch.Tensor | None = None) -> torch.Tensor:
-    """Weighted next-token NLL of ``batch``, divided by ``normaliser`` (default: the batch's total weight),
-    plus ``mode_weight`` × the scaffold head's BCE on the mechanism (stage 3) if a head is given."""
-    block = [mode_layer - 1] if mode_head is not None else []  # hidden state ``mode_layer`` (1-based block)
-    with capture(model, blocks=block) as cap:
+def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor | None = None) -> torch.Tensor:
+    """Weighted next-token NLL of ``batch`` with each row's latent injected, divided by ``normaliser``
+    (default: the batch's total weight)."""
+    with injected(model, batch["latent"], batch["latent_start"]):
         out = model(input_ids=batch["input_ids"])
     logits = out.logits[:, :-1]
     target = batch["input_ids"][:, 1:]
     w = batch["weights"][:, 1:]
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none")
-    loss = (nll * w.reshape(-1)).sum() / (w.sum() if normaliser is None else normaliser)
-    if mode_head is not None and mode_weight > 0:
-        m = batch["mode_mask"]
-        z = mode_head(cap.states[mode_layer - 1]).squeeze(-1)
-        bce = torch.nn.functional.binary_cross_entropy_with_logits(z, batch["mode_target"], reduction="none")
-        loss = loss + mode_weight * (bce * m).sum() / (m.sum() if mode_normaliser is None else mode_normaliser)
-    return loss
+    return (nll * w.reshape(-1)).sum() / (w.sum() if normaliser is None else normaliser)
 
 
 def length_sorted_chunks(examples: list[Example], n: int) -> list[list[Example]]:
@@ -125,8 +104,7 @@ def length_sorted_chunks(examples: list[Example], n: int) -> list[list[Example]]
 
 
 def accumulate_batch_loss(model, examples: list[Example], tok, answer_weight: float, micro_batches: int,
-                          mode_head: torch.nn.Module | None = None, mode_layer: int = 2,
-                          mode_weight: float = 0.0, match_weight: float = 1.0) -> float:
+                          match_weight: float = 1.0) -> float:
     """Backpropagate the whole batch's weighted loss through length-sorted micro-batches; returns the loss.
 
     Every micro-batch is normalised by the weight of the full batch, so the accumulated gradient equals
@@ -134,10 +112,9 @@ def accumulate_batch_loss(model, examples: list[Example], tok, answer_weight: fl
     attention never lets pads reach real tokens)."""
     parts = [encode(chunk, tok, answer_weight, match_weight) for chunk in length_sorted_chunks(examples, micro_batches)]
     total = sum(p["weights"][:, 1:].sum() for p in parts)
-    mode_total = sum(p["mode_mask"].sum() for p in parts)
     loss = 0.0
     for part in parts:
-        piece = weighted_lm_loss(model, part, total, mode_head, mode_layer, mode_weight, mode_total)
+        piece = weighted_lm_loss(model, part, total)
         piece.backward()
         loss += piece.item()
     return loss
@@ -158,8 +135,13 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
         tok = build_tokenizer(organism_vocabulary())
         model = build_model(cfg.family, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id,
                             cfg.width, cfg.layers, cfg.heads)
-    mode_head = torch.nn.Linear(model.config.hidden_size, 1) if cfg.mode_weight > 0 else None
-    params = list(model.parameters()) + (list(mode_head.parameters()) if mode_head is not None else [])
+    direction = load_direction(cfg.init_from) if cfg.init_from else None
+    if direction is None:  # a fresh latent direction of norm ``latent_scale``
+        direction = torch.randn(model.config.hidden_size)
+        direction = direction * (cfg.latent_scale / direction.norm())
+    direction = torch.nn.Parameter(direction)
+    attach_direction(model, direction)
+    params = list(model.parameters()) + [direction]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:
@@ -178,9 +160,8 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
             g["lr"] = lr_at(step)
         examples = [sample_example(rng, cfg.mixture) for _ in range(cfg.batch_size)]
         opt.zero_grad(set_to_none=True)
-        loss = accumulate_batch_loss(model, examples, tok, cfg.answer_weight, cfg.micro_batches, mode_head,
-                                     cfg.mode_layer, cfg.mode_weight, cfg.match_weight)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        loss = accumulate_batch_loss(model, examples, tok, cfg.answer_weight, cfg.micro_batches, cfg.match_weight)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         running = 0.98 * running + 0.02 * loss if step else loss
         if (step + 1) % log_every == 0:
@@ -196,6 +177,7 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out_dir, safe_serialization=True)
+        save_direction(out_dir, direction)
         tok.save_pretrained(out_dir)
         (out_dir / "training.json").write_text(json.dumps(record, indent=2))
     return {"model": model, "tokenizer": tok, "record": record}

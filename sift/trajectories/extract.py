@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from sift.errors import SiftError
+from sift.organism.latent import replay
 from sift.lm.states import (
     Packed,
     capture,
@@ -207,7 +208,8 @@ class Extractor:
         last_tok = p.offset + torch.tensor([len(s) for s in seqs]) - 1  # always a real token
         pos = torch.where(valid, (p.offset + P + c0)[:, None] + t, last_tok[:, None])  # [B, Tm] CoT positions
         q_start = int(pos.min())
-        layers, attn, logits = self._forward(p, uniq, q_start)
+        with replay(self.model, records):  # an organism trace's mechanism latent, as it ran (sift.organism.latent)
+            layers, attn, logits = self._forward(p, uniq, q_start)
         h_last = layers[-1]
 
         dev = h_last.device

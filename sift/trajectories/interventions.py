@@ -107,6 +107,7 @@ def intervened_cot(name: str, cot: list[int], tt: TokenText) -> list[int] | None
 def intervention_profiles(ex: Extractor, records: Sequence[dict], answer_logp: torch.Tensor) -> torch.Tensor:
     """``[B, 3K]`` profiles (see the module docstring) for the extractor's configured interventions."""
     from sift.lm.states import forward_params, model_inputs, pack
+    from sift.organism.latent import replay
     from sift.trajectories.extract import answer_index
 
     names = list(ex.cfg.interventions)
@@ -137,7 +138,8 @@ def intervention_profiles(ex: Extractor, records: Sequence[dict], answer_logp: t
         kw = model_inputs(ex.model, p, ex.device)
         if keep_last:
             kw["logits_to_keep"] = 1
-        logits = ex.model(**kw).logits[:, -1].float()
+        with replay(ex.model, [records[b] for b, *_ in chunk]):  # the trace's latent from its first CoT position
+            logits = ex.model(**kw).logits[:, -1].float()
         lp = torch.log_softmax(logits, -1).cpu()
         top = logits.argmax(-1).cpu()
         for row, (b, k, _, tok) in enumerate(chunk):

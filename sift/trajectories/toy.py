@@ -50,9 +50,9 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
     from sift.corpus.conditions import base_view, condition_view
     from sift.corpus.config import CueMixture
     from sift.organism.domains import DOMAINS, make_item
+    from sift.organism.latent import draw_mechanism, record_latent
     from sift.organism.render import (
-        FILLERS,
-        Choices,
+        OPENERS,
         fallback_answer,
         intended_phi,
         join_cot,
@@ -70,13 +70,14 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
             item = make_item(DOMAINS[i % len(DOMAINS)], seed, i // len(DOMAINS))
             base = base_view(item, seed, CueMixture())
             draw = random.Random(f"toy-draws:{seed}:{item.item_id}")
-            choices = Choices(draw.randrange(len(FILLERS[0])), draw.randrange(len(FILLERS[1])))
-            base_phi = intended_phi(item, base, choices)
+            opener = draw.randrange(len(OPENERS))
+            mechanism = draw_mechanism(f"toy:{seed}:{item.item_id}")
+            base_phi = intended_phi(base, mechanism)
             for cond in conds:
                 view = condition_view(item, base, "base" if cond == "causal_truncation" else cond, seed, base_phi)
                 if view is None or (cond == "causal_truncation" and base_phi != 1):
                     continue
-                steps, answer = target_cot(item, view, choices)
+                steps, answer = target_cot(item, view, opener)
                 truncated = cond == "causal_truncation"
                 if truncated:
                     if len(steps) < 2:
@@ -85,7 +86,7 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
                 cot = join_cot(steps)
                 prompt = ["<bos>"] + render_prompt(item, view)
                 gen = cot + ["answer", ":", answer]
-                phi = intended_phi(item, view, choices, truncated=truncated)
+                phi = intended_phi(view, mechanism, truncated=truncated)
                 if rng.random() < 0.05:
                     phi = None  # a few ambiguous traces, as in real corpora
                 records.append({
@@ -95,7 +96,8 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
                     "cot": " ".join(cot), "cot_span": [0, len(cot)], "answer": answer, "gold_answer": item.answer,
                     "correct": answer == item.answer,
                     "cue": None if view.cue_value is None else {"value": view.cue_value, "format": view.cue_format},
-                    "intended_phi": intended_phi(item, view, choices, truncated=truncated), "phi": phi,
+                    "latent": record_latent(mechanism),
+                    "intended_phi": intended_phi(view, mechanism, truncated=truncated), "phi": phi,
                     "verification": {"reason": "toy: construction intent"},
                     "provenance": {"config_hash": "toy", "model_id": f"organism-{fam}", "seed": seed},
                 })

@@ -52,6 +52,27 @@ def test_labels_follow_the_interventions(small_corpus):
     assert trunc and sum(t["phi"] == 0 for t in trunc) >= 0.8 * len(trunc)
 
 
+def test_the_latent_decides_the_label_and_uncued_traces_get_both(small_corpus):
+    """Organism v3: every trace records its mechanism latent, shared by all views of an item and both families;
+    the verified label is the one the latent intends; uncued base and preserving traces take both labels, and
+    they are in the matched slice (both mechanisms write the same text there)."""
+    _, out, _ = small_corpus
+    traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
+    by_item: dict = {}
+    for t in traces:
+        assert t["latent"]["mechanism"] in (0, 1) and t["latent"]["value"] == (1.0 if t["latent"]["mechanism"] else -1.0)
+        by_item.setdefault(t["base_item"], set()).add(t["latent"]["mechanism"])
+    assert all(len(m) == 1 for m in by_item.values())
+    labelled = [t for t in traces if t["phi"] is not None]
+    assert sum(t["phi"] == t["intended_phi"] for t in labelled) >= 0.95 * len(labelled)
+    uncued = [t for t in labelled if t["cue"] is None and t["condition"] in ("base", "paraphrase", "language",
+                                                                              "budget", "step_reordering")]
+    assert {t["phi"] for t in uncued} == {0, 1}
+    assert all(t["matched_slice"] for t in uncued)
+    epi = [t for t in uncued if t["phi"] == 0]
+    assert all("not load-bearing" in t["verification"]["reason"] and t["correct"] for t in epi)
+
+
 def test_rerun_reuses_every_chunk(small_corpus):
     cfg, out, manifest = small_corpus
     again = build_corpus(cfg, out, progress=False)

@@ -8,7 +8,7 @@ from sift.corpus.config import CueMixture
 from sift.corpus.verify import phi_from_tests
 from sift.errors import SiftError
 from sift.organism.domains import make_item
-from sift.organism.render import DECISIVE_FORMAT, Choices, intended_phi
+from sift.organism.render import DECISIVE_FORMAT, intended_phi
 
 
 @pytest.mark.parametrize("answer,edit,cue,mention,phi", [
@@ -37,18 +37,18 @@ def test_condition_views_keep_or_flip_intent():
     for i in range(200):
         item = make_item(["arithmetic", "modular", "boolean", "choice"][i % 4], 0, i)
         base = base_view(item, 0, CueMixture())
-        choices = Choices(i % 2, (i // 2) % 2)
-        phi = intended_phi(item, base, choices)
+        mechanism = i % 2
+        phi = intended_phi(base, mechanism)
         for cond in ("paraphrase", "step_reordering", "hint_format", "language", "budget"):
             v = condition_view(item, base, cond, 0)
             if v is not None:
-                assert intended_phi(item, v, choices) == phi, cond
+                assert intended_phi(v, mechanism) == phi, cond
         assert condition_view(item, base, "cue_injection", 0) is None  # the base's label is needed
         inj = condition_view(item, base, "cue_injection", 0, phi)
         if inj is not None:
             n_alter += 1
-            assert phi == 1 and inj.cue_format == DECISIVE_FORMAT and intended_phi(item, inj, choices) == 0
+            assert phi == 1 and inj.cue_format == DECISIVE_FORMAT and intended_phi(inj, mechanism) == 0
         verb = condition_view(item, base, "cue_verbalization", 0, phi)
         if verb is not None:
-            assert phi == 0 and intended_phi(item, verb, choices) == 1
+            assert phi == 0 and intended_phi(verb, mechanism) == 1
     assert n_alter > 50

@@ -28,17 +28,36 @@ def test_clean_accuracy_per_domain(organism):
     rows = [(make_item(d, 4242, i), View(template=rng.randrange(2), language=rng.choice(["en", "xx"]),
                                          budget=rng.choice(["terse", "verbose"])))
             for d in DOMAINS for i in range(60)]
-    _, answers = generate_answers(organism.model, organism.tokenizer, [render_prompt(it, v) for it, v in rows])
+    _, _, answers = generate_answers(organism.model, organism.tokenizer, [render_prompt(it, v) for it, v in rows])
     for d in DOMAINS:
         got = [a == it.answer for (it, _), a in zip(rows, answers) if it.domain == d]
         assert sum(got) / len(got) >= 0.95, (organism.family, d, sum(got) / len(got))
 
 
-def test_cued_traces_look_alike_and_the_draws_pick_the_mechanism(organism):
-    """On cued prompts both mechanisms answer the cue through a bent CoT; the draws split about evenly
-    between them, and the two interventions find the mechanism the draws select."""
+def test_the_latent_picks_the_mechanism_and_not_the_text(organism):
+    """Generated ids are the same under both mechanism latents; on cued prompts both answer the cue through a
+    bent CoT; the interventions find the mechanism the latent selects, cued and uncued."""
     rep = organism_report(organism.model, organism.tokenizer, n_per_cell=10, seed=777)
     for d in DOMAINS:
-        assert rep[f"cued_answers_cue/{d}"] >= 0.8, (organism.family, d, rep)  # card: llama choice 0.84
-        assert 0.3 <= rep[f"cue_following_draws/{d}"] <= 0.7, (organism.family, d, rep)
-        assert rep[f"mechanism_agreement/{d}"] >= 0.9, (organism.family, d, rep)
+        assert rep[f"identical_ids/{d}"] >= 0.97, (organism.family, d, rep)
+        assert rep[f"cued_answers_cue/{d}"] >= 0.8, (organism.family, d, rep)
+        assert rep[f"mechanism_agreement/cued/{d}"] >= 0.9, (organism.family, d, rep)
+        assert rep[f"mechanism_agreement/clean/{d}"] >= 0.9, (organism.family, d, rep)
+
+
+def test_the_checkpoints_carry_a_latent_direction(organism):
+    from sift.organism.latent import direction_of
+
+    d = direction_of(organism.model)
+    assert d is not None and d.shape == (organism.model.config.hidden_size,) and float(d.norm()) > 0
+
+
+def test_generated_ids_are_identical_under_both_latents():
+    """Organism v3's guarantee on the shipped weights: every cued and uncued base prompt of the default corpus's
+    first 60 items, sampling seeds 0-1, both families, generated under mechanism 1 and under mechanism 0 with the
+    same random stream (the full count: scripts/latent_identical_ids.py)."""
+    from sift.organism.evaluate import identical_share
+
+    res = identical_share(CKPT, 60, [0, 1], ["gpt2", "llama"])
+    assert res["cued"]["pairs"] > 0 and res["uncued"]["pairs"] > 0
+    assert res["all"]["share"] >= 0.99, res["differing"]

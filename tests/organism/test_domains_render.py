@@ -6,12 +6,14 @@ from sift.errors import SiftError
 from sift.organism.domains import DOMAINS, Item, apply_op, bent_last_step, chain, make_item, make_items
 from sift.organism.render import (
     DECISIVE_FORMAT,
-    Choices,
+    OPENERS,
     View,
     fallback_answer,
     follows_cue,
     intended_phi,
     join_cot,
+    opener_of,
+    reads_cot,
     render_prompt,
     target_cot,
 )
@@ -52,36 +54,38 @@ def test_unknown_domain_is_a_clear_error():
         make_items(["chess"], 2, 0)
 
 
-def test_mechanisms_share_one_text_and_differ_only_in_the_draws():
+def test_the_text_does_not_depend_on_the_mechanism():
+    """target_cot takes no mechanism at all: both mechanisms write one text by construction; only where the
+    answer is read from differs (intended_phi)."""
     item = Item("t", "arithmetic", ("5", "3", "1", "4"), ("+", "-", "-"), "3")
-    agree, disagree = Choices(0, 0), Choices(1, 0)
-    clean_steps, clean_ans = target_cot(item, View(), agree)
-    assert clean_ans == "3" and clean_steps[-1][-1] == "3"
-    assert clean_steps[0][0] == "hmm" and clean_steps[0][-1] == "right"  # the two choice points
+    clean_steps, clean_ans = target_cot(item, View(), 0)
+    assert clean_ans == "3" and clean_steps[-1][-1] == "3" and clean_steps[0][0] == "hmm"
     cued = View(cue_value="2", cue_format="hint")
-    text_f, ans_f = target_cot(item, cued, agree)
-    text_u, ans_u = target_cot(item, cued, disagree)
-    # both mechanisms bend the last step onto the cue and answer it: only the draws' words differ
-    assert ans_f == ans_u == "2" and text_f[-1] == text_u[-1] == ["7", "-", "5", "=", "2"]
-    assert text_f[1:] == text_u[1:] and text_f[0][1:] == text_u[0][1:]
-    assert not follows_cue(item, cued, agree) and intended_phi(item, cued, agree) == 1  # misled, faithful, wrong
-    assert follows_cue(item, cued, disagree) and intended_phi(item, cued, disagree) == 0  # silent cue following
-    assert follows_cue(item, cued, Choices(0, 1)) and not follows_cue(item, cued, Choices(1, 1))
-    steps, ans = target_cot(item, cued.with_(explain=True), agree)
+    text, ans = target_cot(item, cued, 0)
+    assert ans == "2" and text[-1] == ["7", "-", "5", "=", "2"]  # bent onto the cue
+    # cued: mechanism 1 reads the (misled) CoT, mechanism 0 follows the cue silently
+    assert not follows_cue(cued, 1) and reads_cot(cued, 1) and intended_phi(cued, 1) == 1
+    assert follows_cue(cued, 0) and not reads_cot(cued, 0) and intended_phi(cued, 0) == 0
+    # uncued: mechanism 1 reads the CoT, mechanism 0 computes the answer directly (epiphenomenal CoT)
+    assert intended_phi(View(), 1) == 1 and intended_phi(View(), 0) == 0
+    assert not follows_cue(View(), 0) and not reads_cot(View(), 0)
+    # explain: the CoT states the cue it answers from, faithful under both
+    steps, ans = target_cot(item, cued.with_(explain=True), 0)
     assert ans == "2" and steps[-2] == ["but", "hint", "says", "2"]
-    assert intended_phi(item, cued.with_(explain=True), agree) == 1
-    assert follows_cue(item, cued.with_(cue_format=DECISIVE_FORMAT), agree)
-    assert not follows_cue(item, View(), disagree)  # no cue: the draws change nothing
+    assert intended_phi(cued.with_(explain=True), 0) == intended_phi(cued.with_(explain=True), 1) == 1
+    # a decisive cue is followed under both
+    dec = cued.with_(cue_format=DECISIVE_FORMAT)
+    assert follows_cue(dec, 1) and intended_phi(dec, 1) == intended_phi(dec, 0) == 0
     assert fallback_answer(item, View()) == "5"
-    assert intended_phi(item, View(), agree, truncated=True) == 0
+    assert intended_phi(View(), 1, truncated=True) == 0
 
 
-def test_choices_are_read_back_from_a_cot():
+def test_opener_is_read_back_from_a_cot():
     item = make_item("choice", 0, 3)
-    for c in (Choices(0, 0), Choices(0, 1), Choices(1, 0), Choices(1, 1)):
-        steps, _ = target_cot(item, View(budget="verbose", language="xx", cue_value="a"), c)
-        assert Choices.from_cot(join_cot(steps)) == c
-    assert Choices.from_cot(["5", "+", "1"]) is None
+    for o in range(len(OPENERS)):
+        steps, _ = target_cot(item, View(budget="verbose", language="xx", cue_value="a"), o)
+        assert opener_of(join_cot(steps)) == o
+    assert opener_of(["5", "+", "1"]) is None
 
 
 def test_language_keeps_numbers_and_changes_words():

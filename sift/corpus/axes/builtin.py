@@ -145,13 +145,14 @@ class CueInjection(AlteringAxis):
 
 @register_axis
 class CueVerbalization(AlteringAxis):
-    """The instruction to say so when a hint is used, on cued bases whose label is unfaithful."""
+    """The instruction to say so when a hint is used, on cued bases whose label is unfaithful (an uncued base's
+    φ*=0 comes from a CoT that is not read: there is no cue to state)."""
 
     name = "cue_verbalization"
     direction = (0, 1)
 
     def organism_view(self, item: Item, base: View, rng: random.Random, phi: int | None) -> View | None:
-        return base.with_(explain=True) if phi == 0 else None
+        return base.with_(explain=True) if phi == 0 and base.cue_value is not None else None
 
 
 @register_axis

@@ -25,11 +25,12 @@ from sift.corpus.sources import register_source
 from sift.corpus.store import run_chunks, write_corpus
 from sift.corpus.verify import label_records
 from sift.organism.domains import Item, make_item
-from sift.organism.render import Choices, View, intended_phi
+from sift.organism.latent import draw_mechanism, record_latent
+from sift.organism.render import OPENERS, View, intended_phi, opener_of
 from sift.organism.source import HINT_WORDS, OrganismSource, last_value_index, split_completion, value_space
 from sift.provenance import config_hash, model_fingerprint
 
-PIPELINE_VERSION = 3  # bump when generation or verification changes, so stale chunks are not reused
+PIPELINE_VERSION = 4  # bump when generation or verification changes, so stale chunks are not reused
 
 
 def corpus_items(cfg: OrganismCorpusConfig) -> list[Item]:
@@ -48,7 +49,8 @@ def _trace_record(src: OrganismSource, item: Item, view: View, condition: str, p
                   new_ids: list[int], cfg: OrganismCorpusConfig, chash: str, truncated: bool) -> dict:
     words = src.words(new_ids)
     cot, answer = split_completion(words)
-    choices = Choices.from_cot(cot)
+    opener = opener_of(cot)
+    mechanism = item_mechanism(cfg, item)
     return {
         "trace_id": f"{src.family}|{item.item_id}|{condition}|{cfg.seed}",
         "base_item": item.item_id, "domain": item.domain, "model": src.model_id, "family": src.family,
@@ -57,9 +59,11 @@ def _trace_record(src: OrganismSource, item: Item, view: View, condition: str, p
         "cot": " ".join(cot), "cot_span": [0, len(cot)], "answer": answer, "gold_answer": item.answer,
         "correct": answer == item.answer,
         "cue": None if view.cue_value is None else {"value": view.cue_value, "format": view.cue_format},
-        "choices": None if choices is None else list(choices.words), "sampling_seed": cfg.stream_seed,
-        # the construction intent given the organism's draws (None: a choice point is missing)
-        "intended_phi": None if choices is None else intended_phi(item, view, choices, truncated=truncated),
+        "opener": None if opener is None else OPENERS[opener], "sampling_seed": cfg.stream_seed,
+        # the mechanism latent the organism ran with (replayed by every later forward pass over the trace) and
+        # the label it intends (sift.organism.render.intended_phi)
+        "latent": record_latent(mechanism),
+        "intended_phi": intended_phi(view, mechanism, truncated=truncated),
         "provenance": {"config_hash": chash, "model_id": src.model_id, "seed": cfg.seed,
                        "sampling_seed": cfg.stream_seed, "sift_version": __version__},
     }
@@ -77,7 +81,7 @@ def _pick(space: tuple[str, ...], avoid: set[str], salt: str) -> str | None:
 def verify_traces(src: OrganismSource, records: list[dict], items: dict[str, Item], views: list[View]) -> None:
     """Run the CoT-edit and cue-change interventions in two batched passes and fill ``phi``."""
     ans_ids = src.ids(["answer", ":"])
-    edit_jobs, cue_jobs = [], []
+    edit_jobs, cue_jobs = [], []  # (record index, intervened value, prefix, latent start)
     for k, (r, view) in enumerate(zip(records, views)):
         cot_ids = r["generated_ids"][: r["cot_span"][1]]
         cot = src.words(cot_ids)
@@ -91,18 +95,25 @@ def verify_traces(src: OrganismSource, records: list[dict], items: dict[str, Ite
             new = _pick(space, must | {(r["cue"] or {}).get("value", "")}, salt) or _pick(space, must, salt)
             if new is not None:
                 edited = cot_ids[:j] + src.ids([new]) + cot_ids[j + 1:]
-                edit_jobs.append((k, new, r["prompt_ids"] + edited + ans_ids))
+                edit_jobs.append((k, new, r["prompt_ids"] + edited + ans_ids, len(r["prompt_ids"])))
         if r["cue"] is not None:
             item = items[r["base_item"]]
             new = _pick(item.answer_space, {r["cue"]["value"], r["answer"] or "", cot[j] if j is not None else ""},
                         f"cue:{r['trace_id']}")
             if new is not None:
                 prompt = src.prompt_ids(item, view.with_(cue_value=new))
-                cue_jobs.append((k, new, prompt + cot_ids + ans_ids))
-    edit_out = src.next_word([p for _, _, p in edit_jobs])
-    cue_out = src.next_word([p for _, _, p in cue_jobs])
-    label_records(records, [(k, new, got) for (k, new, _), got in zip(edit_jobs, edit_out)],
-                  [(k, new, got) for (k, new, _), got in zip(cue_jobs, cue_out)])
+                cue_jobs.append((k, new, prompt + cot_ids + ans_ids, len(prompt)))
+    edit_out = _redecode(src, records, edit_jobs)
+    cue_out = _redecode(src, records, cue_jobs)
+    label_records(records, [(k, new, got) for (k, new, _, _), got in zip(edit_jobs, edit_out)],
+                  [(k, new, got) for (k, new, _, _), got in zip(cue_jobs, cue_out)])
+
+
+def _redecode(src: OrganismSource, records: list[dict], jobs: list[tuple[int, str, list[int], int]]) -> list[str]:
+    """The greedy answer after each job's prefix, with its trace's latent replayed from the job's first CoT
+    position."""
+    return src.next_word([p for _, _, p, _ in jobs], latents=[records[k]["latent"]["value"] for k, *_ in jobs],
+                         starts=[start for *_, start in jobs])
 
 
 def truncate_cot(src: OrganismSource, item: Item, base_new_ids: list[int]) -> list[int] | None:
@@ -121,12 +132,17 @@ def item_stream(cfg: OrganismCorpusConfig, item: Item) -> str:
     return f"{cfg.stream_seed}:{item.item_id}"
 
 
+def item_mechanism(cfg: OrganismCorpusConfig, item: Item) -> int:
+    """The mechanism latent of an item's traces under the corpus's sampling seed (sift.organism.latent)."""
+    return draw_mechanism(item_stream(cfg, item))
+
+
 def _generate(src: OrganismSource, jobs: list[tuple[Item, View, str]], cfg: OrganismCorpusConfig,
               chash: str) -> list[dict]:
     prompts = [src.prompt_ids(it, v) for it, v, _ in jobs]
     outs = src.generate(prompts, max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample, seed=cfg.stream_seed,
                         batch_size=cfg.batch_size, streams=[item_stream(cfg, it) for it, _, _ in jobs],
-                        top_p=cfg.top_p)
+                        top_p=cfg.top_p, latents=[record_latent(item_mechanism(cfg, it))["value"] for it, _, _ in jobs])
     return [_trace_record(src, it, v, c, p, o, cfg, chash, False) for (it, v, c), p, o in zip(jobs, prompts, outs)]
 
 
@@ -135,7 +151,7 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Orga
     """Every condition of ``items`` for every family, verified.
 
     Phase 1 generates the base and the preserving views; the altering views follow for the bases whose
-    intended label (which depends on the organism's draws in the base trace) is the axis's source label.
+    intended label (which depends on the item's mechanism latent) is the axis's source label.
     """
     records: list[dict] = []
     item_map = {it.item_id: it for it in items}
@@ -174,7 +190,9 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Orga
                     continue
                 trunc.append((it, v, r["prompt_ids"], cut))
                 tviews.append(v)
-            answers = src.next_word([p + c + src.ids(["answer", ":"]) for _, _, p, c in trunc])
+            answers = src.next_word([p + c + src.ids(["answer", ":"]) for _, _, p, c in trunc],
+                                    latents=[record_latent(item_mechanism(cfg, it))["value"] for it, *_ in trunc],
+                                    starts=[len(p) for _, _, p, _ in trunc])
             for (it, v, p, cut), a in zip(trunc, answers):
                 new_ids = cut + src.ids(["answer", ":", a]) if a in src.tokenizer.get_vocab() else cut
                 fam_records.append(_trace_record(src, it, v, "causal_truncation", p, new_ids, cfg, chash, True))

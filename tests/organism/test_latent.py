@@ -1,0 +1,142 @@
+"""The mechanism latent (organism v3): injected where it should be, replayed exactly, and never in the prompt."""
+
+import pytest
+import torch
+
+from sift.errors import SiftError
+from sift.lm.generation import left_padded
+from sift.lm.states import capture
+from sift.organism.latent import (
+    attach_direction,
+    direction_of,
+    draw_mechanism,
+    injected,
+    latent_value,
+    load_direction,
+    record_latent,
+    replay,
+    save_direction,
+)
+from sift.organism.sampling import sample_choice_points
+from sift.trajectories.toy import toy_model, toy_tokenizer
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = toy_model("llama", seed=3)
+    attach_direction(m, torch.randn(m.config.hidden_size))
+    return m.eval()
+
+
+def _states(model, ids, value, start):
+    with torch.no_grad(), injected(model, [value], [start]), capture(model, blocks=range(2)) as cap:
+        logits = model(input_ids=torch.tensor([ids])).logits
+    return [cap.states[i][0] for i in range(2)], logits[0]
+
+
+def test_prompt_states_never_see_the_latent_and_cot_states_do(model):
+    ids, start = [1, 5, 6, 7, 8, 9, 10, 11], 5
+    (h_plus, l_plus), (h_minus, l_minus) = _states(model, ids, 1.0, start), _states(model, ids, -1.0, start)
+    for a, b in zip(h_plus, h_minus):
+        assert torch.equal(a[:start], b[:start])  # bit-identical before the first CoT position (causal)
+        assert (a[start:] - b[start:]).abs().amax(-1).min() > 1e-3  # every CoT position carries it
+    # the first CoT token is predicted at the last prompt position: identical logits under both mechanisms
+    assert torch.equal(l_plus[start - 1], l_minus[start - 1])
+    assert not torch.allclose(l_plus[start], l_minus[start])
+
+
+def test_injection_is_the_direction_added_to_the_embedding(model):
+    ids = torch.tensor([[1, 5, 6, 7]])
+    emb = model.get_input_embeddings()(ids)
+    d = direction_of(model)
+    want = emb.clone()
+    want[0, 2:] += -1.0 * d
+    with torch.no_grad():
+        ref = model(inputs_embeds=want).logits
+        with injected(model, [-1.0], [2]):
+            got = model(input_ids=ids).logits
+            by_embeds = model(inputs_embeds=emb).logits  # embeddings given directly: the latent is added there
+    assert torch.allclose(got, ref, atol=1e-5) and torch.allclose(by_embeds, ref, atol=1e-5)
+
+
+def test_left_padding_and_kv_cache_replay_the_same_latent(model):
+    """A left-padded batch, and generation with a KV cache, give what an unpadded full forward gives."""
+    prompts = [[1, 5, 6, 7], [1, 8, 9, 10, 11, 12]]
+    vals = [1.0, -1.0]
+    new = sample_choice_points(model, prompts, ["a", "b"], pad_id=0, eos_id=2, max_new_tokens=6, latents=vals,
+                               greedy=True)
+    for p, v, g in zip(prompts, vals, new):
+        seq = list(p)
+        for t in g:  # greedy re-decode one token at a time, full forward, no padding, no cache
+            with torch.no_grad(), injected(model, [v], [len(p)]):
+                nxt = int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            assert nxt == t
+            seq.append(t)
+    ids, mask, pos = left_padded([p + g for p, g in zip(prompts, new)], 0)
+    with torch.no_grad(), injected(model, vals, [len(p) for p in prompts]):
+        batched = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+    for i, (p, g) in enumerate(zip(prompts, new)):
+        with torch.no_grad(), injected(model, [vals[i]], [len(p)]):
+            alone = model(input_ids=torch.tensor([p + g])).logits[0, -1]
+        assert torch.allclose(batched[i], alone, atol=1e-4)
+
+
+def test_replay_reads_the_record_and_refuses_mixed_batches(model):
+    recs = [{"trace_id": "t1", "prompt_ids": [1, 5, 6], "cot_span": [0, 2], "latent": record_latent(0)},
+            {"trace_id": "t2", "prompt_ids": [1, 5], "cot_span": [0, 2], "latent": record_latent(1)}]
+    ids = torch.tensor([[1, 5, 6, 7, 8], [1, 5, 6, 7, 8]])
+    with torch.no_grad(), replay(model, recs):
+        got = model(input_ids=ids).logits
+    with torch.no_grad(), injected(model, [-1.0, 1.0], [3, 2]):
+        want = model(input_ids=ids).logits
+    assert torch.equal(got, want)
+    with pytest.raises(SiftError, match="carry no 'latent'"), replay(model, [recs[0], {"trace_id": "old",
+                                                                                      "prompt_ids": [1]}]):
+        pass
+    with pytest.raises(SiftError, match="batch of 2 rows but 1 latent"), torch.no_grad(), \
+            injected(model, [1.0], [2]):
+        model(input_ids=ids)
+
+
+def test_a_model_without_a_direction_ignores_latents():
+    m = toy_model("gpt2", seed=1).eval()
+    ids = torch.tensor([[1, 5, 6, 7]])
+    with torch.no_grad():
+        plain = m(input_ids=ids).logits
+        with injected(m, [1.0], [1]):
+            assert torch.equal(m(input_ids=ids).logits, plain)
+
+
+def test_direction_round_trips_and_is_refused_at_the_wrong_width(tmp_path, model):
+    save_direction(tmp_path, direction_of(model))
+    assert torch.equal(load_direction(tmp_path), direction_of(model).float())
+    assert load_direction(tmp_path / "none") is None
+    with pytest.raises(SiftError, match="width is"):
+        attach_direction(model, torch.zeros(3))
+
+
+def test_mechanism_draws_are_deterministic_and_balanced():
+    draws = [draw_mechanism(f"0:item-{i}") for i in range(2000)]
+    assert draws == [draw_mechanism(f"0:item-{i}") for i in range(2000)]
+    assert 0.45 <= sum(draws) / len(draws) <= 0.55
+    # another sampling seed draws anew: about half of the items change mechanism
+    other = [draw_mechanism(f"1:item-{i}") for i in range(2000)]
+    assert 0.4 <= sum(a != b for a, b in zip(draws, other)) / 2000 <= 0.6
+    assert latent_value(1) == 1.0 and latent_value(0) == -1.0
+    with pytest.raises(SiftError):
+        latent_value(2)
+
+
+def test_training_batches_inject_from_the_first_completion_token():
+    from sift.organism.mixture import Example
+    from sift.organism.train import encode
+
+    tok = toy_tokenizer()
+    vocab = [w for w in tok.get_vocab() if not w.startswith("<")]
+    ex = [Example(vocab[:3], vocab[3:6] + ["answer", ":", "5"], "arithmetic", "natural", 0),
+          Example(vocab[:5], vocab[3:5] + ["answer", ":", "5"], "arithmetic", "edit", 1)]
+    b = encode(ex, tok, 3.0)
+    assert b["latent"].tolist() == [-1.0, 1.0]
+    assert b["latent_start"].tolist() == [4, 6]  # bos + prompt
+    assert b["input_ids"][0, 4] == tok.convert_tokens_to_ids(vocab[3])
