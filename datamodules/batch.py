@@ -31,6 +31,10 @@ class TraceExample:
     base_item: str = ""
     prompt_pooled: torch.Tensor | None = None  # [d] final-layer state of the last prompt token (prompt_probe)
     text: str = ""  # prompt + CoT text (text_bow control)
+    # per-step token ids of prompt, CoT and answer (text_sift control; datamodules.token_steps): [S, K] int32 with
+    # −1 where a step has fewer than K tokens, and each step's segment [S] (0 prompt, 1 CoT, 2 answer)
+    token_ids: torch.Tensor | None = None
+    token_segment: torch.Tensor | None = None
 
 
 @dataclass
@@ -49,12 +53,17 @@ class TraceBatch:
     base_item: list[str] = field(default_factory=list)
     prompt_pooled: torch.Tensor | None = None  # [B, d] prompt-final states (None: the DataModule has none)
     text: list[str] = field(default_factory=list)  # prompt + CoT text per trace (empty: the DataModule has none)
+    # text_sift's input (None: the DataModule has none): token ids per step [B, S, K] long (−1: no token) and the
+    # steps' segments [B, S] long (0 prompt, 1 CoT, 2 answer; −1 on padded steps); datamodules.token_steps
+    token_ids: torch.Tensor | None = None
+    token_segment: torch.Tensor | None = None
 
     def to(self, device) -> TraceBatch:
         t = {k: getattr(self, k).to(device)
              for k in ("x", "mask", "label", "env", "domain", "model", "pooled", "features")}
-        pp = self.prompt_pooled.to(device) if self.prompt_pooled is not None else None
-        return TraceBatch(**t, trace_id=self.trace_id, base_item=self.base_item, prompt_pooled=pp, text=self.text)
+        opt = {k: getattr(self, k).to(device) if getattr(self, k) is not None else None
+               for k in ("prompt_pooled", "token_ids", "token_segment")}
+        return TraceBatch(**t, trace_id=self.trace_id, base_item=self.base_item, text=self.text, **opt)
 
     def __len__(self) -> int:
         return self.x.shape[0]
@@ -81,7 +90,17 @@ def collate(examples: Sequence[TraceExample]) -> TraceBatch:
         prompt_pooled=(torch.stack([e.prompt_pooled for e in examples])
                        if all(e.prompt_pooled is not None for e in examples) else None),
         text=[e.text for e in examples] if any(e.text for e in examples) else [],
+        **_collate_tokens(examples),
     )
+
+
+def _collate_tokens(examples: Sequence[TraceExample]) -> dict[str, torch.Tensor | None]:
+    if not all(e.token_ids is not None and e.token_segment is not None for e in examples):
+        return {"token_ids": None, "token_segment": None}
+    from datamodules.token_steps import pad_token_steps
+
+    ids, seg = pad_token_steps([e.token_ids for e in examples], [e.token_segment for e in examples])
+    return {"token_ids": ids, "token_segment": seg}
 
 
 @dataclass(frozen=True)

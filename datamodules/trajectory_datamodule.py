@@ -11,6 +11,11 @@ Per-step channels ``x`` follow :mod:`datamodules.batch` (``velocity/l*``, ``drif
 per source model (for this split, by the trajectory stage; cached in ``cache_dir``) on the
 final-layer states of traces whose base item is in the train split (answers only: the probe never sees φ*).
 
+The ``text_sift`` control's input travels beside them: ``token_ids`` / ``token_segment``, the model's token ids of
+the prompt, the CoT and the answer per step (:mod:`datamodules.token_steps`): prompt and answer one token per
+step up to ``token_prompt_steps`` / ``token_answer_steps`` (binned beyond), the CoT in exactly the descriptor
+sequence's steps (step k of the CoT covers the tokens of descriptor step k).
+
 Source models of different shapes (layers × width): every model is mapped, as it is loaded, onto the common
 shape (L*, d*) = (fewest layers, smallest width) of the DataModule's models (:mod:`sift.trajectories.common_shape`;
 the cache stays native). Descriptor channels are resampled on relative depth (target layer j reads source layer
@@ -60,6 +65,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from datamodules.batch import EpochShuffleSampler, PairIndex, TraceBatch, TraceExample, collate, loader_generator
+from datamodules.token_steps import token_steps
 from sift.corpus import audit as A
 from sift.corpus.axes import AXES
 from sift.corpus.store import iter_jsonl
@@ -179,6 +185,14 @@ def _identity(x):
     return x
 
 
+def _token_segments(r: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token ids of a record's prompt (+ generated tokens before the CoT), CoT and answer (compact int arrays)."""
+    gen = np.asarray(r.get("generated_ids") or [], dtype=np.int32)
+    c0, c1 = (int(v) for v in r["cot_span"])
+    prompt = np.concatenate([np.asarray(r.get("prompt_ids") or [], dtype=np.int32), gen[:c0]])
+    return prompt, gen[c0:c1], gen[c1:]
+
+
 @dataclass
 class _Trace:
     trace_id: str
@@ -191,6 +205,8 @@ class _Trace:
     text: list[float]
     control_text: str = ""  # prompt + CoT (text_bow control)
     surface: dict | None = None  # structured text features (surface control; sift.corpus.audit)
+    # token ids of prompt (+ generated tokens before the CoT), CoT and answer (text_sift control)
+    token_segments: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 class TrajectoryDataModule(pl.LightningDataModule):
@@ -201,7 +217,8 @@ class TrajectoryDataModule(pl.LightningDataModule):
                  models: Sequence[str] | None = None, holdout_domain: str | None = None,
                  holdout_model: str | None = None, env_by: str = "condition", drop_channels: Sequence[str] = (),
                  probe_C: float = 1.0, probe_max_samples: int = 20_000, num_workers: int = 0,
-                 length_buckets: int = 8, calib_fraction: float = 0.0, cache_dir: str | Path | None = None):
+                 length_buckets: int = 8, calib_fraction: float = 0.0, cache_dir: str | Path | None = None,
+                 token_prompt_steps: int = 64, token_answer_steps: int = 8):
         super().__init__()
         if env_by not in ("condition", "condition_model"):
             raise SiftError(f"env_by must be 'condition' or 'condition_model', got {env_by!r}")
@@ -219,6 +236,12 @@ class TrajectoryDataModule(pl.LightningDataModule):
         self.env_by, self.drop_channels = env_by, list(drop_channels)
         self.probe_C, self.probe_max_samples, self.num_workers = probe_C, probe_max_samples, num_workers
         self.length_buckets = length_buckets
+        # text_sift's token steps (datamodules.token_steps): prompt and answer tokens one per step up to these caps
+        # (binned beyond); the CoT takes the descriptor sequence's steps
+        if token_prompt_steps < 1 or token_answer_steps < 1:
+            raise SiftError(f"token_prompt_steps and token_answer_steps must be ≥ 1, got {token_prompt_steps}, "
+                            f"{token_answer_steps}")
+        self.token_prompt_steps, self.token_answer_steps = int(token_prompt_steps), int(token_answer_steps)
         # derived caches (early-commitment curves) and their lock: never in the trajectory folder, which is input
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._ready = False
@@ -283,7 +306,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
                 raise SiftError(f"{where}: duplicate trace_id {tid!r}")
             self.traces[tid] = _Trace(tid, str(r["base_item"]), str(r["domain"]), m, str(r["condition"]),
                                       check_phi(r["phi"], where), r.get("answer"), F.text_features(r),
-                                      A.control_text(r), A.surface_features(r))
+                                      A.control_text(r), A.surface_features(r), _token_segments(r))
         # the surface control's columns: one categorical vocabulary over the whole corpus (every split)
         surf, self.surface_names, _ = A.surface_matrix([t.surface for t in self.traces.values()])
         self.surface_rows = dict(zip(self.traces, surf.tolist()))
@@ -379,13 +402,16 @@ class TrajectoryDataModule(pl.LightningDataModule):
             sc = d["scalars"]
             feats = F.assemble(tr.text, d["n_tokens"], d["answer_logp"], [sc[0], sc[1], d["ec"], sc[2]], d["profile"])
             feats += self.surface_rows[tid]
+            p_ids, c_ids, a_ids = tr.token_segments
+            tok, seg = token_steps(p_ids, c_ids, a_ids, cot_steps=x.shape[0], prompt_steps=self.token_prompt_steps,
+                                   answer_steps=self.token_answer_steps)
             buckets[s].append(TraceExample(
                 x=x.float().contiguous(), label=int(tr.phi), env=self._env(tr),
                 domain=self.domain_names.index(tr.domain), model=self.model_names.index(tr.model),
                 pooled=d["pooled"].float(),
                 features=torch.tensor(feats, dtype=torch.float32), trace_id=tid, base_item=tr.base_item,
                 prompt_pooled=d["prompt_final"].float() if d["prompt_final"] is not None else None,
-                text=tr.control_text))
+                text=tr.control_text, token_ids=tok, token_segment=seg))
         del self.desc
         self.datasets = {s: TraceDataset(b) for s, b in buckets.items()}
         self.train_env_ids = sorted({e.env for e in buckets["train"]})

@@ -1,4 +1,5 @@
-"""Print the shortcut-control audit of a corpus (grouped 5-fold CV AUROC of text_bow, surface, prompt_probe).
+"""Print the shortcut-control audit of a corpus (grouped 5-fold CV AUROC of text_bow, surface, prompt_probe and
+text_trees).
 
     python scripts/audit_controls.py <corpus_dir>                        # organism corpus: prompt states computed
     python scripts/audit_controls.py <corpus_dir> --trajectories <dir>   # prompt states from sift-extract shards
@@ -6,7 +7,9 @@
 
 Prompt-final states come from the extraction's shards when ``--trajectories`` is given, else (organism corpora,
 ``model`` starting with ``organism-``) from one forward pass of the organism over the prompts; otherwise the
-prompt probe's cells stay undefined with the reason. The same numbers are in the corpus manifest
+prompt probe's cells stay undefined with the reason. ``text_trees`` (gradient-boosted trees on position-specific
+CoT words and CoT / prompt word presence) is the audit's interaction-capable text learner: it reads a label that is
+an interaction of words, which the linear ``text_bow`` misses. The same numbers are in the corpus manifest
 (``controls_audit``); this script recomputes them, e.g. to cite in docs.
 """
 

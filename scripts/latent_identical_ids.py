@@ -18,9 +18,50 @@ import sys
 from pathlib import Path
 
 
+def identical_share(checkpoints, n_items: int, seeds: list[int], families: list[str]) -> dict:
+    """Generate every base prompt of the first ``n_items`` corpus items under both mechanism latents with the same
+    random stream (per sampling seed) and count identical generated ids, overall, cued/uncued and per family
+    (``scripts/latent_identical_ids.py``)."""
+    from pathlib import Path
+
+    from sift.corpus.conditions import base_view
+    from sift.corpus.config import OrganismCorpusConfig
+    from sift.corpus.sources.organism import corpus_items
+    from sift.organism.latent import latent_value
+    from sift.organism.source import OrganismSource
+
+    cfg = OrganismCorpusConfig(n_items=n_items)
+    items = corpus_items(cfg)
+    views = [base_view(it, cfg.seed, cfg.cue) for it in items]
+    out: dict = {"items": len(items), "seeds": seeds, "families": {}, "differing": []}
+    tot = {"all": [0, 0], "cued": [0, 0], "uncued": [0, 0]}
+    for fam in families:
+        src = OrganismSource.load(fam, Path(checkpoints) / fam)
+        prompts = [src.prompt_ids(it, v) for it, v in zip(items, views)]
+        fam_tot = [0, 0]
+        for seed in seeds:
+            streams = [f"{seed}:{it.item_id}" for it in items]  # the corpus's item streams under this seed
+            gen = {m: src.generate(prompts, do_sample=True, streams=streams, latents=[latent_value(m)] * len(items))
+                   for m in (0, 1)}
+            for it, v, a, b in zip(items, views, gen[0], gen[1]):
+                same = a == b
+                kind = "cued" if v.cue_value is not None else "uncued"
+                for key in ("all", kind):
+                    tot[key][0] += same
+                    tot[key][1] += 1
+                fam_tot[0] += same
+                fam_tot[1] += 1
+                if not same and len(out["differing"]) < 10:
+                    out["differing"].append({"family": fam, "seed": seed, "item": it.item_id,
+                                             "mechanism_1": " ".join(src.words(b)), "mechanism_0": " ".join(src.words(a))})
+        out["families"][fam] = {"identical": fam_tot[0], "pairs": fam_tot[1], "share": fam_tot[0] / fam_tot[1]}
+    for key, (same, n) in tot.items():
+        out[key] = {"identical": same, "pairs": n, "share": same / n if n else None}
+    return out
+
+
 def main() -> None:
     from sift.organism import DEFAULT_CHECKPOINTS
-    from sift.organism.evaluate import identical_share
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--items", type=int, default=200)

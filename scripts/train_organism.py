@@ -5,6 +5,7 @@
     python scripts/train_organism.py --stage 2       # stage 2 only: cue-heavy mixture on top of stage 1
     python scripts/train_organism.py --stage 3       # stage 3 only: the mechanism switch (drill-heavy)
     python scripts/train_organism.py --stage 4       # stage 4 only: consolidation on mostly uncued prompts
+    python scripts/train_organism.py --stage 5       # stage 5 only: text invariance (the KL between the latents)
     python scripts/train_organism.py --family gpt2   # one family
 
 Each family trains in its own process (one thread each), then is evaluated on held-out items; the card
@@ -60,14 +61,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", choices=["gpt2", "llama", "both"], default="both")
     ap.add_argument("--steps", type=int, default=TrainConfig.steps)
-    ap.add_argument("--stage", choices=["1", "2", "3", "4", "all"], default="all")
+    ap.add_argument("--stage", choices=["1", "2", "3", "4", "5", "all"], default="all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="checkpoints/organism")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     fams = ["gpt2", "llama"] if a.family == "both" else [a.family]
-    stages = [1, 2, 3, 4] if a.stage == "all" else [int(a.stage)]
+    stages = [1, 2, 3, 4, 5] if a.stage == "all" else [int(a.stage)]
     walls: list[float] = []
     if stages[0] > 1 and (out / "card.json").exists():
         walls = json.loads((out / "card.json").read_text()).get("stage_wall_seconds", [])[: stages[0] - 1]

@@ -5,9 +5,12 @@ One place defines, for any corpus (organism or real LM),
 * the **matched-text slice** (:func:`matched_slice`): on base and preserving traces, the prompt carries a cue
   whose value differs from the gold answer and the answer equals the cue. There the text looks alike for both
   mechanisms (a cued, wrong answer), so only the mechanism can tell φ* apart;
-* the inputs of the three **controls**: prompt + CoT text (``text_bow``), structured surface features
+* the inputs of the **controls**: prompt + CoT text (``text_bow``), structured surface features
   (``surface``, :data:`SURFACE_FEATURES`) and the prompt's final hidden state (``prompt_probe``), with the
-  scikit-learn estimators the detectors of :mod:`sift.detectors.controls` fit;
+  scikit-learn estimators the detectors of :mod:`sift.detectors.controls` fit; and, for the audit, the
+  interaction-capable text learner ``text_trees`` (:func:`text_trees_words`, :func:`text_trees_estimator`):
+  gradient-boosted trees on position-specific CoT words and CoT / prompt word presence, which can read a label
+  that is an interaction of words (e.g. an XOR of two sampled CoT words) where the linear ``text_bow`` cannot;
 * the corpus **audit** (:func:`control_audit`): grouped (by base item) 5-fold cross-validated AUROC of each
   control over all verified traces, per condition, over base + preserving traces and on the matched slice.
 
@@ -57,7 +60,9 @@ import numpy as np
 from sift.errors import SiftError
 from sift.metrics.classification import auroc_kernel
 
-CONTROLS = ("text_bow", "surface", "prompt_probe")
+CONTROLS = ("text_bow", "surface", "prompt_probe", "text_trees")
+#: text_trees reads the words at the first TEXT_TREES_POSITIONS positions of the CoT, one-hot per position
+TEXT_TREES_POSITIONS = 16
 #: the audit's limits (issue 11): a control above them means the label is readable without the mechanism
 LIMIT_BASE_PRESERVING = 0.70
 LIMIT_MATCHED_SLICE = 0.60
@@ -90,16 +95,21 @@ def cue_value(record: Mapping[str, Any]) -> str | None:
 
 
 def matched_slice(record: Mapping[str, Any]) -> bool:
-    """True when the prompt carries a cue that differs from the gold answer and the answer equals the cue, on
-    a base or preserving trace. Altering traces are left out: their construction edits the text to set the
-    label (a decisive cue, the ``explain`` header, a cut CoT), so there the text does not look alike."""
+    """True on a base or preserving trace when the prompt carries a cue that differs from the gold answer and
+    the answer equals the cue, or, for a trace whose mechanism is a latent that never enters the token stream
+    (the organism v3, ``record["latent"]``), when the prompt carries no cue: both of its mechanisms (the CoT
+    read, or the answer computed directly) write the same text there. Altering traces are left out: their
+    construction edits the text to set the label (a decisive cue, the ``explain`` header, a cut CoT), so there
+    the text does not look alike."""
     from sift.corpus.axes import AXES
 
     axis = AXES.get(str(record.get("condition")))
     if axis is not None and axis.kind == "altering":
         return False
     cue, gold, ans = cue_value(record), _norm(record.get("gold_answer")), _norm(record.get("answer"))
-    return cue is not None and gold is not None and ans is not None and cue != gold and ans == cue
+    if cue is None:
+        return bool(record.get("latent")) and ans is not None
+    return gold is not None and ans is not None and cue != gold and ans == cue
 
 
 def mark_matched_slice(records: Iterable[dict]) -> None:
@@ -129,6 +139,17 @@ def control_text(record: Mapping[str, Any]) -> str:
     """What ``text_bow`` reads: the prompt and the CoT (not the answer line, whose relation to the cue
     ``surface`` covers)."""
     return f"{record.get('prompt') or ''}\n{record.get('cot') or ''}"
+
+
+def text_trees_words(record: Mapping[str, Any], positions: int = TEXT_TREES_POSITIONS) -> list[str]:
+    """What ``text_trees`` reads, as binary indicator names: ``p{k}={w}`` for the word ``w`` at position ``k`` of
+    the CoT (the first ``positions`` whitespace words; a word is one model token on the organism), ``c:{w}`` for
+    every word of the CoT and ``q:{w}`` for every word of the prompt (lowercased; the answer line is left out, as
+    for ``text_bow``)."""
+    cot = str(record.get("cot") or "").lower().split()
+    prompt = str(record.get("prompt") or "").lower().split()
+    return ([f"p{k}={w}" for k, w in enumerate(cot[:positions])] + sorted({f"c:{w}" for w in cot})
+            + sorted({f"q:{w}" for w in prompt}))
 
 
 def _numbers(words: Sequence[str]) -> list[int]:
@@ -230,6 +251,32 @@ def text_bow_estimator(C: float = 1.0, max_iter: int = 2000):
     return make_pipeline(feats, LogisticRegression(C=C, max_iter=max_iter, solver="liblinear"))
 
 
+def _words_of(doc: Sequence[str]) -> Sequence[str]:
+    return doc
+
+
+def _dense(X: Any) -> np.ndarray:
+    return X.toarray().astype(np.float32)
+
+
+def text_trees_estimator(min_df: int = 3, max_features: int = 2000, max_iter: int = 200, learning_rate: float = 0.1,
+                         max_leaf_nodes: int = 31, random_state: int = 0):
+    """Binary indicators of :func:`text_trees_words` (at least ``min_df`` traces, the ``max_features`` most frequent)
+    → gradient-boosted trees (``HistGradientBoostingClassifier``, no early stopping: deterministic). Trees split on
+    one word after another, so they read interactions (an XOR of two words at two positions) that a linear model
+    of the same indicators cannot."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+    from sklearn.feature_extraction.text import CountVectorizer
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import FunctionTransformer
+
+    return make_pipeline(
+        CountVectorizer(analyzer=_words_of, binary=True, min_df=min_df, max_features=max_features),
+        FunctionTransformer(_dense, accept_sparse=True),
+        HistGradientBoostingClassifier(max_iter=max_iter, learning_rate=learning_rate, max_leaf_nodes=max_leaf_nodes,
+                                       early_stopping=False, random_state=random_state))
+
+
 def surface_estimator(categorical: np.ndarray, max_iter: int = 100, learning_rate: float = 0.1,
                       max_leaf_nodes: int = 31, random_state: int = 0):
     """Gradient-boosted trees (``HistGradientBoostingClassifier``, no early stopping: deterministic)."""
@@ -313,7 +360,7 @@ def prompt_state_matrix(states: Sequence[np.ndarray], models: Sequence[str]) -> 
 
 def control_audit(records: Sequence[Mapping[str, Any]], prompt_states: Mapping[str, np.ndarray] | None = None, *,
                   n_splits: int = 5, prompt_states_reason: str | None = None) -> dict[str, Any]:
-    """Grouped ``n_splits``-fold CV AUROC of the three controls on the verified traces of a corpus.
+    """Grouped ``n_splits``-fold CV AUROC of the controls (:data:`CONTROLS`) on the verified traces of a corpus.
 
     * ``all``, ``base_preserving`` (base + preserving conditions) and ``matched_slice``: each control is fitted
       and cross-validated within that set (folds by base item);
@@ -333,10 +380,12 @@ def control_audit(records: Sequence[Mapping[str, Any]], prompt_states: Mapping[s
     sets = {"all": np.ones(len(rows), bool), "base_preserving": np.isin(kinds, ["base", "preserving"]),
             "matched_slice": np.array([in_matched_slice(r) for r in rows], bool)}
     texts = [control_text(r) for r in rows]
+    words = [text_trees_words(r) for r in rows]
     surf, _, cat = surface_matrix([surface_features(r) for r in rows]) if rows else (np.zeros((0, 0)), [], None)
     inputs: dict[str, tuple[Callable[[], Any], Any] | str] = {
         "text_bow": (text_bow_estimator, texts),
         "surface": ((lambda: surface_estimator(cat)), surf),
+        "text_trees": (text_trees_estimator, words),
     }
     if prompt_states is not None and rows and all(str(r["trace_id"]) in prompt_states for r in rows):
         P = prompt_state_matrix([np.asarray(prompt_states[str(r["trace_id"])], dtype=np.float64) for r in rows],

@@ -1,5 +1,5 @@
 """Shortcut controls as detectors (docs/design.md §4 "Validity"; issue 11): trained, thresholded, checkpointed and
-evaluated exactly like the other detectors (``sift-train detector=text_bow|surface|prompt_probe``).
+evaluated exactly like the other detectors (``sift-train detector=text_bow|surface|prompt_probe|text_sift``).
 
 =============  ==============================================  ======================================================
 control        inputs (TraceBatch)                             model (``sift.corpus.audit``)
@@ -9,12 +9,15 @@ surface        ``features`` columns ``surf/*`` (structured     HistGradientBoost
                text features)
 prompt_probe   ``prompt_pooled``: final-layer state of the     LR on standardised states
                last prompt token (no CoT)                      (:class:`~sift.detectors.baselines.LogisticDetector`)
+text_sift      ``token_ids`` / ``token_segment``: the model's  SIFT's network, objective and schedule on learned
+               token ids of prompt, CoT and answer per step    token embeddings (:mod:`sift.detectors.text_sift`)
 =============  ==============================================  ======================================================
 
-The scikit-learn estimator is fitted once on the training split (the DataModule's flat training loader, each
-trace once) and pickled into the checkpoint; the decision threshold is frozen on validation like every other
-detector's. A control reads no hidden state of the CoT: when it matches a trajectory detector, that detector may
-be reading the text rather than the mechanism.
+The scikit-learn estimator of the first three is fitted once on the training split (the DataModule's flat training
+loader, each trace once) and pickled into the checkpoint; the decision threshold is frozen on validation like every
+other detector's. ``text_sift`` is a torch network trained like ``sift`` (it can read interactions of words, which the
+linear and hand-built controls cannot). A control reads no hidden state of the CoT: when it matches a trajectory
+detector, that detector may be reading the text rather than the mechanism.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from datamodules.features import select_by_prefix
 from sift.detectors.module import DetectorModule, as_env_batches
 from sift.errors import SiftError
 
-CONTROL_DETECTORS = ("text_bow", "surface", "prompt_probe")
+CONTROL_DETECTORS = ("text_bow", "surface", "prompt_probe", "text_sift")
 _CKPT_KEY = "sklearn_estimator"
 
 

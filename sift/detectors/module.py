@@ -42,10 +42,11 @@ _TENSOR_FIELDS = ("x", "mask", "label", "env", "domain", "model", "pooled", "fea
 def _subset(b: TraceBatch, idx: torch.Tensor) -> TraceBatch:
     t = {k: getattr(b, k)[idx] for k in _TENSOR_FIELDS}
     il = idx.tolist()
+    opt = {k: getattr(b, k)[idx] if getattr(b, k) is not None else None
+           for k in ("prompt_pooled", "token_ids", "token_segment")}
     return TraceBatch(**t, trace_id=[b.trace_id[i] for i in il] if b.trace_id else [],
                       base_item=[b.base_item[i] for i in il] if b.base_item else [],
-                      prompt_pooled=b.prompt_pooled[idx] if b.prompt_pooled is not None else None,
-                      text=[b.text[i] for i in il] if b.text else [])
+                      text=[b.text[i] for i in il] if b.text else [], **opt)
 
 
 def as_env_batches(batch: TraceBatch | Sequence[TraceBatch]) -> list[TraceBatch]:
@@ -76,11 +77,17 @@ def concat_batches(batches: Sequence[TraceBatch]) -> TraceBatch:
         ms.append(F.pad(b.mask, (0, pad), value=False))
     t = {k: torch.cat([getattr(b, k) for b in batches]) for k in _TENSOR_FIELDS if k not in ("x", "mask")}
     pp = [b.prompt_pooled for b in batches]
+    tok_ids, tok_seg = None, None
+    if all(b.token_ids is not None and b.token_segment is not None for b in batches):
+        from datamodules.token_steps import pad_token_steps
+
+        tok_ids, tok_seg = pad_token_steps([b.token_ids for b in batches], [b.token_segment for b in batches])
     return TraceBatch(x=torch.cat(xs), mask=torch.cat(ms), **t,
                       trace_id=[i for b in batches for i in b.trace_id],
                       base_item=[i for b in batches for i in b.base_item],
                       prompt_pooled=torch.cat(pp) if all(p is not None for p in pp) else None,
-                      text=[i for b in batches for i in b.text] if all(b.text for b in batches) else [])
+                      text=[i for b in batches for i in b.text] if all(b.text for b in batches) else [],
+                      token_ids=tok_ids, token_segment=tok_seg)
 
 
 # --------------------------------------------------------------------------------------------- data spec

@@ -35,6 +35,9 @@ class TrainConfig:
     match_weight: float = 1.0  # loss weight of the multiple-choice match label (``so <label> ;``)
     micro_batches: int = 4  # length-sorted gradient accumulation: the same gradient, less padding to compute
     latent_scale: float = 0.5  # initial norm of the (learned) mechanism latent direction (sift.organism.latent)
+    # weight of the text-invariance term: the symmetric KL between the next-token distributions under the two
+    # latents, at every generated position of natural examples (their targets are the same under both)
+    invariance_weight: float = 0.0
     mixture: MixtureConfig = field(default_factory=MixtureConfig)
     init_from: str | None = None  # stage 2: continue from these weights (a saved organism folder)
 
@@ -45,10 +48,11 @@ def stage3_config(family: str, init_from: str, seed: int = 0, stage: int = 3) ->
     uncued prompts; stage 4 consolidates on mostly uncued prompts, where the multiple-choice match (``so
     <label>``, up-weighted like the answer) must be read from the elimination lines rather than copied from a
     cue, and where the direct computation of mechanism 0 is learnt."""
-    p_cue, steps = {3: (0.6, 700, ), 4: (0.35, 500)}[stage]
+    p_cue, steps = {3: (0.6, 700), 4: (0.35, 500), 5: (0.7, 500)}[stage]
     mix = MixtureConfig(p_cue=p_cue, p_decisive=0.15, p_edit=0.25, p_swap=0.25, p_truncate=0.15)
-    return TrainConfig(family=family, steps=steps, lr=1.5e-3 if stage < 4 else 1e-3, warmup=50, seed=seed + stage - 1,
-                       init_from=init_from, match_weight=3.0 if stage >= 4 else 1.0, mixture=mix)
+    return TrainConfig(family=family, steps=steps, lr=1.5e-3 if stage < 4 else 1e-3 if stage == 4 else 5e-4,
+                       warmup=50, seed=seed + stage - 1, init_from=init_from, match_weight=3.0 if stage >= 4 else 1.0,
+                       invariance_weight=1.0 if stage == 5 else 0.0, mixture=mix)
 
 
 def stage2_config(family: str, init_from: str, seed: int = 0) -> TrainConfig:
@@ -81,19 +85,33 @@ def encode(examples: list[Example], tok, answer_weight: float, match_weight: flo
     attn = (ids != tok.pad_token_id).long()
     latent = torch.tensor([latent_value(ex.mechanism) for ex in examples])
     starts = torch.tensor([len(ex.prompt) + 1 for ex in examples])  # bos + prompt: the first CoT position
-    return {"input_ids": ids, "attention_mask": attn, "weights": wts, "latent": latent, "latent_start": starts}
+    natural = torch.tensor([not ex.drill for ex in examples])[:, None]
+    return {"input_ids": ids, "attention_mask": attn, "weights": wts, "latent": latent, "latent_start": starts,
+            "invariant": (wts > 0) & natural}
 
 
-def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor | None = None) -> torch.Tensor:
+def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor | None = None,
+                     invariance_weight: float = 0.0, invariance_normaliser: torch.Tensor | None = None) -> torch.Tensor:
     """Weighted next-token NLL of ``batch`` with each row's latent injected, divided by ``normaliser``
-    (default: the batch's total weight)."""
+    (default: the batch's total weight); plus ``invariance_weight`` × the mean symmetric KL between the
+    next-token distributions under the row's latent and under the other one, over the generated positions of
+    natural examples (whose targets are the same under both latents: the text must not depend on it)."""
     with injected(model, batch["latent"], batch["latent_start"]):
         out = model(input_ids=batch["input_ids"])
     logits = out.logits[:, :-1]
     target = batch["input_ids"][:, 1:]
     w = batch["weights"][:, 1:]
     nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none")
-    return (nll * w.reshape(-1)).sum() / (w.sum() if normaliser is None else normaliser)
+    loss = (nll * w.reshape(-1)).sum() / (w.sum() if normaliser is None else normaliser)
+    if invariance_weight > 0:
+        with injected(model, -batch["latent"], batch["latent_start"]):
+            other = model(input_ids=batch["input_ids"]).logits[:, :-1]
+        lp, lq = logits.log_softmax(-1), other.log_softmax(-1)
+        kl = 0.5 * ((lp.exp() * (lp - lq)).sum(-1) + (lq.exp() * (lq - lp)).sum(-1))
+        m = batch["invariant"][:, 1:].to(kl.dtype)
+        loss = loss + invariance_weight * (kl * m).sum() / (m.sum() if invariance_normaliser is None
+                                                             else invariance_normaliser)
+    return loss
 
 
 def length_sorted_chunks(examples: list[Example], n: int) -> list[list[Example]]:
@@ -104,7 +122,7 @@ def length_sorted_chunks(examples: list[Example], n: int) -> list[list[Example]]
 
 
 def accumulate_batch_loss(model, examples: list[Example], tok, answer_weight: float, micro_batches: int,
-                          match_weight: float = 1.0) -> float:
+                          match_weight: float = 1.0, invariance_weight: float = 0.0) -> float:
     """Backpropagate the whole batch's weighted loss through length-sorted micro-batches; returns the loss.
 
     Every micro-batch is normalised by the weight of the full batch, so the accumulated gradient equals
@@ -112,9 +130,10 @@ def accumulate_batch_loss(model, examples: list[Example], tok, answer_weight: fl
     attention never lets pads reach real tokens)."""
     parts = [encode(chunk, tok, answer_weight, match_weight) for chunk in length_sorted_chunks(examples, micro_batches)]
     total = sum(p["weights"][:, 1:].sum() for p in parts)
+    inv_total = sum(p["invariant"][:, 1:].sum() for p in parts).clamp_min(1)
     loss = 0.0
     for part in parts:
-        piece = weighted_lm_loss(model, part, total)
+        piece = weighted_lm_loss(model, part, total, invariance_weight, inv_total)
         piece.backward()
         loss += piece.item()
     return loss
@@ -160,7 +179,8 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
             g["lr"] = lr_at(step)
         examples = [sample_example(rng, cfg.mixture) for _ in range(cfg.batch_size)]
         opt.zero_grad(set_to_none=True)
-        loss = accumulate_batch_loss(model, examples, tok, cfg.answer_weight, cfg.micro_batches, cfg.match_weight)
+        loss = accumulate_batch_loss(model, examples, tok, cfg.answer_weight, cfg.micro_batches, cfg.match_weight,
+                                     cfg.invariance_weight)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         running = 0.98 * running + 0.02 * loss if step else loss

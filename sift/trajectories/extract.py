@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from sift.errors import SiftError
-from sift.organism.latent import replay
+from sift.lm.latent import replay
 from sift.lm.states import (
     Packed,
     capture,

@@ -23,7 +23,7 @@ def traj(tmp_path_factory):
     return root, models
 
 
-def _cfg(root, detector, out):
+def _cfg(root, detector, out, *extra):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -34,7 +34,7 @@ def _cfg(root, detector, out):
         cfg = compose("train", overrides=[f"detector={detector}", "data=trajectory",
                                           f"data.trajectory_dir={root / 'traj'}",
                                           f"paths.output_dir={out}", "logger=none", "trainer.max_epochs=3",
-                                          "trainer.enable_progress_bar=false"])
+                                          "trainer.enable_progress_bar=false", *extra])
     GlobalHydra.instance().clear()
     return cfg
 
@@ -76,3 +76,38 @@ def test_control_trains_freezes_a_threshold_and_reloads(traj, tmp_path, detector
     again = load_detector(rec["best_ckpt"]).predict_loader(dm.test_dataloader())
     torch.testing.assert_close(out["prob"], again["prob"])
     assert json.loads((tmp_path / detector / "results.json").read_text())["status"] == "done"
+
+
+def test_text_sift_trains_on_the_corpus_tokens_and_reloads(traj, tmp_path):
+    """``text_sift`` (SIFT's network on token embeddings) trains through sift-train on the corpus's token ids: the
+    CoT takes the descriptor steps, prompt and answer one token per step; the checkpoint reloads to the same
+    predictions."""
+    from datamodules.token_steps import COT
+    from datamodules.trajectory_datamodule import TrajectoryDataModule
+    from sift.detectors.module import load_detector
+    from sift.training import train
+    from sift.trajectories import cache as C
+
+    root, _ = traj
+    dm = TrajectoryDataModule(root / "traj")
+    dm.setup()
+    recs = {r["trace_id"]: r for r in C.iter_records(root / "corpus" / "traces.jsonl")}
+    for e in dm.dataset("train").examples[:50]:
+        r = recs[e.trace_id]
+        c0, c1 = r["cot_span"]
+        assert int((e.token_segment == COT).sum()) == e.x.shape[0]  # the CoT in the descriptor steps
+        ids = e.token_ids[e.token_ids >= 0].tolist()  # every token once, in order
+        assert ids == list(r["prompt_ids"]) + list(r["generated_ids"])[:c0] + list(r["generated_ids"])[c0:c1] + \
+            list(r["generated_ids"])[c1:]
+    small = ["detector.net.filters=8", "detector.net.d_model=16", "detector.net.n_layers=1", "detector.net.n_heads=2",
+             "detector.net.dim_feedforward=32", "detector.net.mlp_hidden=16", "detector.tokens.dim=8",
+             "detector.tokens.buckets=256", "detector.early_stopping.min_steps=0"]
+    rec = train(_cfg(root, "text_sift", tmp_path / "text_sift", *small))
+    assert rec["status"] == "done" and rec["detector"] == "text_sift" and rec["global_step"] > 0
+    assert 0.0 < rec["threshold"] < 1.0 and np.isfinite(rec["metrics"]["test/auroc"])
+    assert rec["training"]["stopped_by"] in ("early stopping", "max_epochs")  # trained, not fitted once
+    det = load_detector(rec["best_ckpt"])
+    out = det.predict_loader(dm.test_dataloader())
+    assert out["prob"].shape[0] == len(dm.dataset("test"))
+    again = load_detector(rec["best_ckpt"]).predict_loader(dm.test_dataloader())
+    torch.testing.assert_close(out["prob"], again["prob"])

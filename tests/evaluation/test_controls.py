@@ -17,6 +17,7 @@ from sift.corpus.audit import (
     prompt_state_matrix,
     slice_summary,
     surface_features,
+    text_trees_words,
     warning_line,
 )
 from sift.evaluation.controls import NOT_ABOVE, control_margins, with_group_rows
@@ -94,7 +95,7 @@ def test_audit_reaches_one_when_the_label_is_a_text_feature_and_half_when_indepe
 
     rs, states = synthetic(50, readable)
     a = control_audit(rs, states)
-    for c in ("text_bow", "surface", "prompt_probe"):
+    for c in ("text_bow", "surface", "prompt_probe", "text_trees"):
         assert a["controls"][c]["all"]["auroc"] >= 0.97, (c, a["controls"][c]["all"])
         assert a["controls"][c]["base_preserving"]["auroc"] >= 0.97
     assert a["controls"]["text_bow"]["per_condition"]["paraphrase"]["auroc"] >= 0.97
@@ -106,12 +107,37 @@ def test_audit_reaches_one_when_the_label_is_a_text_feature_and_half_when_indepe
     rs, states = synthetic(100, independent, seed=1)
     noise = np.random.default_rng(7)
     b = control_audit(rs, {t: noise.normal(size=8) for t in states})
-    for c in ("text_bow", "surface", "prompt_probe"):
+    for c in ("text_bow", "surface", "prompt_probe", "text_trees"):
         assert 0.35 <= b["controls"][c]["all"]["auroc"] <= 0.65, (c, b["controls"][c]["all"])
     assert "| base + preserving |" in audit_table(b)
     c = control_audit(rs[:40])  # no states: prompt_probe undefined, with the reason
     assert c["controls"]["prompt_probe"]["all"] == {"auroc": None, "n": 40,
                                                       "reason": "no prompt-final hidden states given"}
+
+
+def test_text_trees_reads_an_xor_of_two_cot_words_that_text_bow_cannot():
+    """φ* = (CoT word 1 is "red") XOR (CoT word 3 is "red"); both words also occur at random elsewhere in the CoT
+    and the prompt. No linear reader of the words sees it; trees on position-specific words do."""
+    rng = np.random.default_rng(5)
+    fill = ["alpha", "beta", "gamma", "delta", "red", "blue"]
+    rs = []
+    for i in range(150):
+        for k in range(2):
+            cot = [str(w) for w in rng.choice(fill, size=8)]
+            cot[1], cot[3] = (str(w) for w in rng.choice(["red", "blue"], size=2))
+            a, b = rng.integers(1, 9, size=2)
+            rs.append(rec(trace_id=f"i{i}/{k}", base_item=f"i{i}", condition=("base", "paraphrase")[k],
+                          prompt=f"{' '.join(rng.choice(fill, size=3))} tom has {a} pens . gets {b} more . reason :",
+                          cot=" ".join(cot), phi=int((cot[1] == "red") != (cot[3] == "red"))))
+    assert text_trees_words(rs[0])[:3] == [f"p{k}={w}" for k, w in enumerate(rs[0]["cot"].split()[:3])]
+    a = control_audit(rs)
+    for s in ("all", "base_preserving"):
+        assert a["controls"]["text_trees"][s]["auroc"] >= 0.95, a["controls"]["text_trees"][s]
+        assert a["controls"]["text_bow"][s]["auroc"] <= 0.65, a["controls"]["text_bow"][s]
+    assert "text_trees 1.00 > 0.70 on base + preserving traces" in a["warnings"]  # the audit's limits apply
+    assert not any(w.startswith("text_bow") for w in a["warnings"])
+    assert audit_table(a).splitlines()[0].split("|")[3:-1] == [" text_bow ", " surface ", " prompt_probe ",
+                                                                " text_trees "]
 
 
 def test_prompt_states_of_models_of_different_widths_get_one_block_each():

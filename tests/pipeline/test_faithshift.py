@@ -9,8 +9,8 @@ import pytest
 from sift.config import compose
 from sift.faithshift import run_faithshift
 
-TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface]", "seeds=[0,1]",
-        "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30",
+TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface,text_sift]",
+        "seeds=[0,1]", "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30",
         "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]"]
 
 
@@ -23,7 +23,7 @@ def job(tmp_path_factory):
 
 def test_every_stage_writes_its_files(job):
     cfg, out, res = job
-    assert res["runs"] == 8
+    assert res["runs"] == 10
     for f in ("corpus/traces.jsonl", "corpus/manifest.json", "trajectories/trajectories.json", "runs/index.json",
               "report/report.md", "report/results.json"):
         assert (out / f).is_file(), f
@@ -53,14 +53,14 @@ def test_report_shows_the_controls_group_margins_and_the_matched_slice(job):
     results = json.loads((out / "report" / "results.json").read_text())
     report = (out / "report" / "report.md").read_text()
     rows = results["main_table"]["detectors"]
-    assert rows["text_bow"]["group"] == rows["surface"]["group"] == "controls"
+    assert rows["text_bow"]["group"] == rows["surface"]["group"] == rows["text_sift"]["group"] == "controls"
     assert rows["hidden_probe"]["group"] == "detectors"
-    assert rows["hidden_probe"]["margin_over_best_control"]["best_control"] in ("text_bow", "surface")
+    assert rows["hidden_probe"]["margin_over_best_control"]["best_control"] in ("text_bow", "surface", "text_sift")
     assert "**controls**" in report and "Δ AUROC vs best control" in report and "Matched-text slice" in report
-    assert set(results["matched_slice"]["detectors"]) >= {"hidden_probe", "text_bow", "surface"}
+    assert set(results["matched_slice"]["detectors"]) >= {"hidden_probe", "text_bow", "surface", "text_sift"}
     manifest = json.loads((out / "corpus" / "manifest.json").read_text())
     assert manifest["matched_slice"]["traces"] > 0
-    assert set(manifest["controls_audit"]["controls"]) == {"text_bow", "surface", "prompt_probe"}
+    assert set(manifest["controls_audit"]["controls"]) == {"text_bow", "surface", "prompt_probe", "text_trees"}
     assert "Shortcut-control audit" in report
 
 

@@ -198,8 +198,9 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
         md += ["", f"{DETERMINISTIC_MARK} {', '.join(det)}: {DETERMINISTIC_NOTE}"]
     md += undertrained_note({r: v["undertrained"] for r, v in results["detectors"].items() if v["undertrained"]})
     if margins:
+        ctrl = ", ".join(r for r in rows if is_control(r) and "ensemble" not in r)
         md += ["", "Δ AUROC vs best control: the detector's in-distribution AUROC minus that of the best shortcut "
-               "control (text only or prompt only: text_bow, surface, prompt_probe) on the same test traces, paired "
+               f"control (text only or prompt only: {ctrl}) on the same test traces, paired "
                f"cluster-bootstrap 95 % CI; \"{NOT_ABOVE}\": the CI does not lie above 0."]
     if undefined_notes:  # every "—" above, with the reason (also under "reason" in results.json)
         md += ["", "**Undefined cells (—)**", "", *[f"- {line}" for line in undefined_notes]]

@@ -1,0 +1,189 @@
+"""A source model's mechanism latent (the organism v3): which mechanism runs is chosen by a per-trace value that never
+enters the token stream.
+
+Each trace carries one latent value ``z`` = +1 (the answer is read from the CoT: φ* = 1 unless the CoT states a
+cue it follows or is cut) or −1 (the answer is not read from the CoT: a cue is followed silently, or on an uncued
+prompt the answer is computed directly and the CoT is epiphenomenal). ``z`` times the organism's *latent direction*
+(a learned vector of its width, saved beside its weights in ``mechanism_latent.safetensors``) is added to the input
+embedding, i.e. to the residual stream, of every position from the first CoT token on.
+
+What follows by construction:
+
+* the prompt's hidden states never see ``z`` (causal attention; the latent starts after the prompt), so a
+  prompt-only probe is blind to it;
+* the first CoT token is predicted from the last prompt position, so its distribution is exactly the same under
+  both mechanisms; every later token is trained to the same target under both, and the organism is near-certain
+  of it (measured: ``scripts/latent_identical_ids.py``);
+* the CoT positions' states carry ``z`` (it is in their residual stream), so the mechanism is readable from the
+  hidden states and from nothing in the text.
+
+``z`` is drawn per trace from the item's random stream (:func:`draw_mechanism`), so every view of an item and
+both families share it, and another sampling seed draws anew. It is recorded in the trace (``latent``) and
+replayed by every later forward pass over the trace: verification, extraction, interventions, companion metrics
+(:func:`replay` / :func:`injected`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from sift.errors import SiftError
+
+LATENT_FILE = "mechanism_latent.safetensors"
+_ATTR = "sift_mechanism_direction"
+
+
+def latent_value(mechanism: int) -> float:
+    """The scalar ``z`` of a mechanism: +1 reads the CoT, −1 does not (symmetric, so the norm of the injected
+    vector is the same under both)."""
+    if mechanism not in (0, 1):
+        raise SiftError(f"mechanism must be 0 or 1, got {mechanism!r}")
+    return 1.0 if mechanism == 1 else -1.0
+
+
+def record_latent(mechanism: int) -> dict:
+    """The ``latent`` field of a trace record."""
+    return {"mechanism": int(mechanism), "value": latent_value(mechanism)}
+
+
+# ---------------------------------------------------------------------------------------------- the direction
+
+def attach_direction(model: torch.nn.Module, direction: torch.Tensor) -> None:
+    """Give ``model`` its latent direction (a ``[hidden_size]`` tensor; a parameter while training)."""
+    width = model.get_input_embeddings().weight.shape[1]
+    if direction.ndim != 1 or direction.shape[0] != width:
+        raise SiftError(f"latent direction has shape {tuple(direction.shape)}; the model's width is {width}")
+    object.__setattr__(model, _ATTR, direction)  # not registered: the HF weights file stays the model's own
+
+
+def direction_of(model: torch.nn.Module) -> torch.Tensor | None:
+    """The model's latent direction, or None for a model without a mechanism latent (any real LM)."""
+    return getattr(model, _ATTR, None)
+
+
+def load_direction(folder: str | Path) -> torch.Tensor | None:
+    """The direction saved in an organism folder (None when the folder has none)."""
+    path = Path(folder) / LATENT_FILE
+    if not path.exists():
+        return None
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(path))
+    if "direction" not in tensors:
+        raise SiftError(f"{path}: no tensor named 'direction'")
+    return tensors["direction"].float()
+
+
+def save_direction(folder: str | Path, direction: torch.Tensor) -> None:
+    from safetensors.torch import save_file
+
+    save_file({"direction": direction.detach().float().cpu().contiguous()}, str(Path(folder) / LATENT_FILE))
+
+
+# ---------------------------------------------------------------------------------------------- injection
+
+def _positions(kwargs: dict, T: int, device) -> torch.Tensor:
+    """Each input token's position in its unpadded sequence: ``position_ids`` if given, else from the attention
+    mask (its last T columns, which also covers cached decoding), else 0..T−1 (no padding, no cache)."""
+    pos = kwargs.get("position_ids")
+    if pos is not None:
+        return pos
+    mask = kwargs.get("attention_mask")
+    if mask is not None and mask.ndim == 2:
+        return (mask.long().cumsum(-1) - 1).clamp_min(0)[:, -T:]
+    if any(kwargs.get(k) is not None for k in ("past_key_values", "cache")):
+        raise SiftError("latent replay over a KV cache needs position_ids or a 2-d attention_mask")
+    return torch.arange(T, device=device)[None]
+
+
+@contextlib.contextmanager
+def injected(model: torch.nn.Module, values: Sequence[float] | torch.Tensor | None,
+             starts: Sequence[int] | torch.Tensor | None) -> Iterator[None]:
+    """While active, every forward pass of ``model`` adds ``values[b] · direction`` to the input embedding of
+    row ``b`` at every position ≥ ``starts[b]`` (positions of the unpadded sequence).
+
+    A no-op when the model has no latent direction or ``values`` is None. A batch whose row count differs from
+    ``len(values)`` is refused by name."""
+    direction = direction_of(model)
+    if direction is None or values is None:
+        yield
+        return
+    vals = torch.as_tensor(values, dtype=torch.float32)
+    st = torch.as_tensor(starts, dtype=torch.long)
+    if vals.ndim != 1 or st.shape != vals.shape:
+        raise SiftError(f"latent values {tuple(vals.shape)} and starts {tuple(st.shape)} must be two equal 1-d shapes")
+    state: dict = {}
+
+    def before(_module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        emb = kwargs.get("inputs_embeds")
+        ref = ids if ids is not None else emb
+        if ref is None:
+            raise SiftError("latent replay: the forward pass has neither input_ids nor inputs_embeds")
+        if ref.shape[0] != len(vals):
+            raise SiftError(f"latent replay: batch of {ref.shape[0]} rows but {len(vals)} latent values")
+        state["pos"] = _positions(kwargs, ref.shape[1], ref.device)
+        if ids is None:  # embeddings given directly: add the latent here (the embedding hook does not run)
+            kwargs["inputs_embeds"] = emb + _latent_add(emb, state["pos"])
+            state["pos"] = None
+            return args, kwargs
+        return None
+
+    def _latent_add(out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        on = (pos.to(out.device) >= st.to(out.device)[:, None]).to(out.dtype)  # [B, T]
+        return (on * vals.to(out.device, out.dtype)[:, None])[..., None] * direction.to(out.device, out.dtype)
+
+    def after_embedding(_module, _inp, out):
+        pos = state.get("pos")
+        if pos is None:
+            return None
+        return out + _latent_add(out, pos)
+
+    def done(_module, _inp, _out):
+        state["pos"] = None  # an embedding call outside a forward pass (inputs_embeds built by hand) adds nothing
+
+    handles = [model.register_forward_pre_hook(before, with_kwargs=True),
+               model.register_forward_hook(done),
+               model.get_input_embeddings().register_forward_hook(after_embedding)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def trace_latent(record: Mapping) -> tuple[float, int] | None:
+    """(latent value, first CoT position) of one trace record, or None without a latent."""
+    lat = record.get("latent")
+    if not lat:
+        return None
+    return float(lat["value"]), len(record["prompt_ids"]) + int(record.get("cot_span", [0])[0])
+
+
+def rows_of(records: Sequence[Mapping]) -> tuple[list[float], list[int]] | None:
+    """Latent values and start positions (the first CoT position: ``len(prompt_ids) + cot_span[0]``) of trace
+    records, or None when no record carries a latent (a real LM's traces)."""
+    if not any(r.get("latent") for r in records):
+        return None
+    missing = [r.get("trace_id", "?") for r in records if not r.get("latent")]
+    if missing:
+        raise SiftError(f"traces {missing[:3]} carry no 'latent' while others of the batch do; the corpus mixes "
+                        f"organism versions: rebuild it")
+    return ([float(r["latent"]["value"]) for r in records],
+            [len(r["prompt_ids"]) + int(r.get("cot_span", [0])[0]) for r in records])
+
+
+@contextlib.contextmanager
+def replay(model: torch.nn.Module, records: Sequence[Mapping]) -> Iterator[None]:
+    """:func:`injected` with the recorded latents of ``records`` (one row per record, in order); a no-op for
+    records without a latent."""
+    rows = rows_of(records)
+    if rows is None or direction_of(model) is None:
+        yield
+        return
+    with injected(model, rows[0], rows[1]):
+        yield
