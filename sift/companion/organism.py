@@ -586,8 +586,8 @@ def run_edct(src, prepared: Sequence[Prepared], *, k: int = 2, tau_in: float = 0
         lats = [st["p"].latent for st, *_ in jobs]  # the trace's latent from its first CoT position on
         gens = src.generate([st["p"].ids[:st["p"].n_prompt] + src.ids(ed) for st, _, _, _, ed, _, _, _ in jobs],
                             max_new_tokens=max_new_tokens,
-                            latents=None if None in lats else [v for v, _ in lats],
-                            starts=None if None in lats else [st for _, st in lats])
+                            **({} if None in lats else {"latents": [v for v, _ in lats],
+                                                        "starts": [st for _, st in lats]}))
         for (st, j, s, new, edited, ref_prev, ref_new, v), g in zip(jobs, gens):
             p = st["p"]
             cont = src.words(g)
