@@ -103,7 +103,7 @@ class LMAnswerScorer:
                         row[j] = ll
                     self.cache[(s, cands)] = row
 
-    def probs(self, seqs: Sequence[Sequence[int]], space_ids: Sequence[Sequence[int]]) -> np.ndarray:
+    def probs(self, seqs: Sequence[Sequence[int]], space_ids: Sequence[Sequence[int]], latent=None) -> np.ndarray:
         """(n, K) softmax over the candidates' scores after each sequence."""
         cands = tuple(tuple(int(i) for i in c) for c in space_ids)
         if not cands or any(len(c) == 0 for c in cands):

@@ -22,7 +22,7 @@ def traj(tmp_path_factory):
     root = tmp_path_factory.mktemp("dm")
     corpus = write_toy_corpus(root / "corpus", n_items=12)
     models = save_toy_models(root / "models")
-    extract_corpus(corpus, root / "traj", models, ExtractConfig(shard_size=64, batch_size=32, t_max=12))
+    extract_corpus(corpus, root / "traj", models, ExtractConfig(shard_size=64, batch_size=32, t_max=16))
     return root
 
 
