@@ -53,7 +53,8 @@ def identical_share(checkpoints, n_items: int, seeds: list[int], families: list[
                 fam_tot[1] += 1
                 if not same and len(out["differing"]) < 10:
                     out["differing"].append({"family": fam, "seed": seed, "item": it.item_id,
-                                             "mechanism_1": " ".join(src.words(b)), "mechanism_0": " ".join(src.words(a))})
+                                             "mechanism_1": " ".join(src.words(b)),
+                                             "mechanism_0": " ".join(src.words(a))})
         out["families"][fam] = {"identical": fam_tot[0], "pairs": fam_tot[1], "share": fam_tot[0] / fam_tot[1]}
     for key, (same, n) in tot.items():
         out[key] = {"identical": same, "pairs": n, "share": same / n if n else None}

@@ -143,7 +143,8 @@ class OrganismScorer:
                 ids, mask, pos = left_padded([c[0] for c in chunk], pad)
                 lat = [c[1] for c in chunk]
                 vals = None if any(x is None for x in lat) else [x[0] for x in lat]
-                with injected(model, vals, None if vals is None else [min(x[1], len(c[0])) for x, c in zip(lat, chunk)]):
+                starts = None if vals is None else [min(x[1], len(c[0])) for x, c in zip(lat, chunk)]
+                with injected(model, vals, starts):
                     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].double().numpy()
                 self.n_forward += len(chunk)
                 for p, row in zip(chunk, logits):

@@ -11,7 +11,8 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
     wall_seconds = sum(stage_walls)
     lines = ["# sift organism: model card", "",
              "Two tiny causal LMs (GPT-2-style and Llama-style) trained from scratch by `scripts/train_organism.py` "
-             "on sift's procedural mixture (sift/organism/mixture.py), organism v3. Which mechanism runs is chosen by a "
+             "on sift's procedural mixture (sift/organism/mixture.py), organism v3. Which mechanism runs is chosen "
+             "by a "
              "per-trace latent value added to the residual stream from the first CoT position on "
              "(sift/organism/latent.py, `mechanism_latent.safetensors`); it never enters the token stream, and the "
              "text is the same under both. Latent +1: the answer is read from the CoT (φ*=1). Latent −1: on a cued "

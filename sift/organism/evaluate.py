@@ -8,6 +8,7 @@ from collections import defaultdict
 import torch
 
 from sift.organism.domains import DOMAINS, make_item
+from sift.organism.latent import injected, latent_value
 from sift.organism.render import (
     BUDGETS,
     CUE_FORMATS,
@@ -17,7 +18,6 @@ from sift.organism.render import (
     follows_cue,
     render_prompt,
 )
-from sift.organism.latent import injected, latent_value
 from sift.organism.sampling import sample_choice_points
 
 VALUE_WORDS = {str(v) for v in range(10)} | {"true", "false", "a", "b", "c", "d"}

@@ -106,8 +106,8 @@ def intervened_cot(name: str, cot: list[int], tt: TokenText) -> list[int] | None
 @torch.no_grad()
 def intervention_profiles(ex: Extractor, records: Sequence[dict], answer_logp: torch.Tensor) -> torch.Tensor:
     """``[B, 3K]`` profiles (see the module docstring) for the extractor's configured interventions."""
-    from sift.lm.states import forward_params, model_inputs, pack
     from sift.lm.latent import replay
+    from sift.lm.states import forward_params, model_inputs, pack
     from sift.trajectories.extract import answer_index
 
     names = list(ex.cfg.interventions)

@@ -60,7 +60,8 @@ def test_the_latent_decides_the_label_and_uncued_traces_get_both(small_corpus):
     traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     by_item: dict = {}
     for t in traces:
-        assert t["latent"]["mechanism"] in (0, 1) and t["latent"]["value"] == (1.0 if t["latent"]["mechanism"] else -1.0)
+        mech = t["latent"]["mechanism"]
+        assert mech in (0, 1) and t["latent"]["value"] == (1.0 if mech else -1.0)
         by_item.setdefault(t["base_item"], set()).add(t["latent"]["mechanism"])
     assert all(len(m) == 1 for m in by_item.values())
     labelled = [t for t in traces if t["phi"] is not None]

@@ -10,7 +10,8 @@ from sift.config import compose
 from sift.faithshift import run_faithshift
 
 TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface,text_sift]",
-        "seeds=[0,1]", "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30",
+        "seeds=[0,1]", "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]",
+        "bootstrap.resamples=30",
         "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]"]
 
 
