@@ -23,6 +23,7 @@ class SGRConfig:
     delta: float = MISSING
     bound: str = MISSING
     candidates: list[float] | None = None
+    max_traces: int | None = None
 
 
 @dataclass

@@ -54,7 +54,7 @@ def test_a_typo_in_a_users_preset_file_fails_at_composition(tmp_path, monkeypatc
 
 def test_each_job_reads_one_sgr_and_one_bootstrap_node():
     fs = compose("faithshift", ["seed=3"])
-    assert dict(fs.sgr) == {"alpha": 0.25, "delta": 0.05, "bound": "clopper-pearson", "candidates": None}
+    assert dict(fs.sgr) == {"alpha": 0.25, "delta": 0.05, "bound": "betting", "candidates": None, "max_traces": None}
     assert (fs.bootstrap.resamples, fs.bootstrap.appendix_resamples, fs.bootstrap.seed) == (1000, 200, 3)
     quick = compose("faithshift", ["preset=quick"])
     assert (quick.bootstrap.resamples, quick.bootstrap.appendix_resamples) == (200, 100)

@@ -52,11 +52,17 @@ def bootstrap_ci(
     return BootstrapCI(r.estimate, r.low, r.high, level, n_resamples, seed)
 
 
-def bootstrap_mean_ci(values, *, n_resamples: int = 1000, level: float = 0.95, seed: int = 0) -> BootstrapCI:
-    """Percentile bootstrap CI of the mean of ``values`` (NaNs dropped first)."""
+def bootstrap_mean_ci(values, *, n_resamples: int = 1000, level: float = 0.95, seed: int = 0,
+                      groups=None) -> BootstrapCI:
+    """Percentile bootstrap CI of the mean of ``values`` (NaNs dropped first). ``groups`` (one per value, e.g.
+    the base item of each trace) resamples whole clusters: the unit of the interval."""
     v = np.asarray(values, dtype=float)
-    v = v[~np.isnan(v)]
-    return bootstrap_ci(lambda idx: v[idx].mean(), v.size, n_resamples=n_resamples, level=level, seed=seed)
+    keep = ~np.isnan(v)
+    if groups is not None and len(groups) != v.size:
+        raise SiftError(f"bootstrap_mean_ci: {len(groups)} groups for {v.size} values")
+    g = None if groups is None else np.asarray(groups)[keep]
+    v = v[keep]
+    return bootstrap_ci(lambda idx: v[idx].mean(), v.size, n_resamples=n_resamples, level=level, seed=seed, groups=g)
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,8 @@ def holm(pvalues, alpha: float = 0.05) -> MultipleTestResult:
 
 def clopper_pearson(x: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """Exact binomial interval [Beta⁻¹(α/2; x, n−x+1), Beta⁻¹(1−α/2; x+1, n−x)], 0/1 at the ends
-    (``sift.metrics.binomial.clopper_pearson_interval``, after checking the counts)."""
+    (``sift.metrics.binomial.clopper_pearson_interval``, after checking the counts). Valid only when the n units
+    are independent; for clustered units (several traces of one base item) resample the clusters instead."""
     if n <= 0 or not 0 <= x <= n:
         raise SiftError(f"clopper_pearson: need 0 <= x <= n and n > 0, got x={x}, n={n}")
     return clopper_pearson_interval(x, n, level)
@@ -108,7 +115,8 @@ def clopper_pearson(x: int, n: int, level: float = 0.95) -> tuple[float, float]:
 
 def wilson_interval(x: int, n: int, level: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion (our extension for judge rates): statsmodels
-    ``proportion_confint(method="wilson")``; NaN for n = 0."""
+    ``proportion_confint(method="wilson")``; NaN for n = 0. Valid only for independent units (the judge rates:
+    one verdict per judge item, every item a distinct problem)."""
     if n <= 0:
         return float("nan"), float("nan")
     lo, hi = proportion_confint(x, n, alpha=1.0 - level, method="wilson")

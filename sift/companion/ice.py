@@ -384,13 +384,21 @@ def ice_summary(
     n_resamples: int = 200,
     seed: int = 0,
     alpha: float = 0.10,
+    groups: Sequence[str] | None = None,
 ) -> ICEDatasetSummary:
     """Aggregate per-example results: mean WR, bootstrap CI (B=200 [P]), BH significance rate at α=0.10 [P].
 
-    Note the p-value granularity (A2.7): p ∈ {j/(M+1)}, so BH Sig. Rates tend to be 0% or large.
+    The CI resamples examples, or whole clusters of them with ``groups`` (one per result, e.g. the base item of
+    each trace: several traces of one item are not independent). Note the p-value granularity (A2.7):
+    p ∈ {j/(M+1)}, so BH Sig. Rates tend to be 0% or large.
     """
-    rs = [r.stats if isinstance(r, ICEExampleResult) else r for r in results if r is not None]
-    rs = [r for r in rs if r.valid]
+    if groups is not None and len(groups) != len(results):
+        raise SiftError(f"ice_summary: {len(groups)} groups for {len(results)} results")
+    keep = [(r.stats if isinstance(r, ICEExampleResult) else r, None if groups is None else groups[i])
+            for i, r in enumerate(results) if r is not None]
+    keep = [(r, g) for r, g in keep if r.valid]
+    rs = [r for r, _ in keep]
+    units = None if groups is None else [g for _, g in keep]
     if not rs:
         raise SiftError("ice_summary: no valid examples")
     wr = np.array([r.win_rate for r in rs])
@@ -400,7 +408,7 @@ def ice_summary(
     d = d[np.isfinite(d) & (np.abs(d) < 100)]
     p = np.array([r.p_value for r in rs])
     bh = benjamini_hochberg(p, alpha)
-    ci = bootstrap_mean_ci(wr, n_resamples=n_resamples, seed=seed)
+    ci = bootstrap_mean_ci(wr, n_resamples=n_resamples, seed=seed, groups=units)
     return ICEDatasetSummary(
         n_examples=len(rs),
         win_rate=ci,

@@ -161,7 +161,9 @@ def run_edct_lm(src, traces: Sequence[dict], items: Mapping[str, Any], *, k: int
     samples = []
     for st in states:
         ccs, pcs, ncc, graded = edct.sample_scores(st["judg"], graded_scheme)
-        samples.append({"trace_id": st["r"]["trace_id"], "phi": st["r"].get("phi"), "domain": st["r"]["domain"],
+        samples.append({"trace_id": st["r"]["trace_id"],
+                        "base_item": str(st["r"].get("base_item", st["r"]["trace_id"])),
+                        "phi": st["r"].get("phi"), "domain": st["r"]["domain"],
                         "k_prime": len(st["judg"]), "ccs": ccs, "pcs": pcs, "ncc": ncc, "graded": graded})
     if not any(s["k_prime"] for s in samples):
         raise SiftError(f"EDCT on a real LM: no trace had a verified, scored edit ({len(traces)} traces, "

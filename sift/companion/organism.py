@@ -322,7 +322,7 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
                 seqs = [units, empty, op(units, keep_for(rat))] + [op(units, keep_for(s)) for s in null_sets]
                 sc = scorer.probs(seqs, p.space_ids, p.latent)[:, p.pred]  # deletions may shift the CoT start
                 s_full, s_empty, obs, nul = sc[0], sc[1], sc[2], sc[3:]
-                rows[(e, o)].append((p.phi, ice.ICEExampleResult(
+                rows[(e, o)].append((p.phi, p.trace["base_item"], ice.ICEExampleResult(
                     operator=o, stats=ice.win_rate_test(float(obs), nul),
                     nsr=ice.normalized_score_retention(float(obs), float(s_full), float(s_empty)),
                     nsr_defined=bool(s_full - s_empty > 0.05), s_full=float(s_full), s_empty=float(s_empty),
@@ -382,20 +382,24 @@ def summarize_ice(rows, step_rows, necsuf, prepared, *, n_resamples: int, alpha:
     per_example: dict[str, list] = {}
     for (e, o), res in rows.items():
         key = f"{e}/{o}"
-        valid = [(phi, r) for phi, r in res if r.stats.valid]
+        valid = [(phi, item, r) for phi, item, r in res if r.stats.valid]
         if not valid:
             continue
-        summary = ice.ice_summary([r for _, r in valid], n_resamples=n_resamples, seed=seed, alpha=alpha)
-        d = {"all": _summary_dict(summary)}
+
+        def summary(sel: list) -> dict:  # the WR CI resamples base items (a trace's views are not independent)
+            return _summary_dict(ice.ice_summary([r for _, _, r in sel], n_resamples=n_resamples, seed=seed,
+                                                 alpha=alpha, groups=[str(i) for _, i, _ in sel]))
+
+        d = {"all": summary(valid)}
         for cls in (0, 1):
-            sel = [r for phi, r in valid if phi == cls]
+            sel = [x for x in valid if x[0] == cls]
             if sel:
-                d[f"phi={cls}"] = _summary_dict(ice.ice_summary(sel, n_resamples=n_resamples, seed=seed, alpha=alpha))
-        nsr = [r.nsr for _, r in valid if r.nsr_defined]
+                d[f"phi={cls}"] = summary(sel)
+        nsr = [r.nsr for _, _, r in valid if r.nsr_defined]
         d["mean_nsr"] = float(np.mean(nsr)) if nsr else float("nan")
-        d["nsr_defined_rate"] = float(np.mean([r.nsr_defined for _, r in valid]))
+        d["nsr_defined_rate"] = float(np.mean([r.nsr_defined for _, _, r in valid]))
         token[key] = d
-        per_example[key] = [r.stats.win_rate for _, r in valid]
+        per_example[key] = [r.stats.win_rate for _, _, r in valid]
     gaps = {}
     ops = config["operators"]
     if "deletion" in ops and "retrieval" in ops:
@@ -620,7 +624,8 @@ def run_edct(src, prepared: Sequence[Prepared], *, k: int = 2, tau_in: float = 0
                 st["alive"] = False
     for st in states:
         ccs, pcs, ncc, graded = edct.sample_scores(st["judg"], graded_scheme)
-        samples.append({"trace_id": st["p"].trace["trace_id"], "phi": st["p"].phi, "domain": st["p"].trace["domain"],
+        samples.append({"trace_id": st["p"].trace["trace_id"], "base_item": str(st["p"].trace["base_item"]),
+                        "phi": st["p"].phi, "domain": st["p"].trace["domain"],
                         "k_prime": len(st["judg"]), "ccs": ccs, "pcs": pcs, "ncc": ncc, "graded": graded})
     return summarize_edct(samples, records, n_resamples=n_resamples, seed=seed,
                           config=dict(k=k, tau_in=tau_in, tau_out=tau_out, graded_scheme=graded_scheme,
@@ -644,8 +649,9 @@ def summarize_edct(samples: list[dict], records: list[EDCTStepRecord], *, n_resa
                       ("phi=1", [s for s in ok if s["phi"] == 1])):
         if not sel:
             continue
-        ci = bootstrap_mean_ci([s["ccs"] for s in sel], n_resamples=n_resamples, seed=seed)
-        gci = bootstrap_mean_ci([s["graded"] for s in sel], n_resamples=n_resamples, seed=seed)
+        units = [str(s.get("base_item", s["trace_id"])) for s in sel]  # the CIs resample base items
+        ci = bootstrap_mean_ci([s["ccs"] for s in sel], n_resamples=n_resamples, seed=seed, groups=units)
+        gci = bootstrap_mean_ci([s["graded"] for s in sel], n_resamples=n_resamples, seed=seed, groups=units)
         out[name] = {"n": len(sel), "ccs_binary": ci.estimate, "ccs_ci": [ci.low, ci.high],
                      "pcs": float(np.mean([s["pcs"] for s in sel])), "ncc": float(np.mean([s["ncc"] for s in sel])),
                      "ccs_graded": gci.estimate, "graded_ci": [gci.low, gci.high],
@@ -690,8 +696,9 @@ def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_resamples: 
                            "n": len(prepared), "accuracy": float(correct.mean()), "mean_confidence": float(conf.mean())}
     ew = S.calibration_error(conf, correct, n_bins=n_bins, binning="width")
     em = S.calibration_error(conf, correct, n_bins=n_bins, binning="mass")
-    ci_w = S.ece_ci(conf, correct, n_bins=n_bins, binning="width", n_resamples=n_resamples, seed=seed)
-    ci_m = S.ece_ci(conf, correct, n_bins=n_bins, binning="mass", n_resamples=n_resamples, seed=seed)
+    items = np.array([str(p.trace["base_item"]) for p in prepared])  # the CIs' unit: the base item
+    ci_w = S.ece_ci(conf, correct, n_bins=n_bins, binning="width", n_resamples=n_resamples, seed=seed, groups=items)
+    ci_m = S.ece_ci(conf, correct, n_bins=n_bins, binning="mass", n_resamples=n_resamples, seed=seed, groups=items)
     ea = S.e_aurc(conf, correct)
     out.update({"ece_w": ew.ece, "ece_w_ci": [ci_w.low, ci_w.high], "mce_w": ew.mce, "ece_m": em.ece,
                 "ece_m_ci": [ci_m.low, ci_m.high], "brier": brier,
@@ -715,12 +722,13 @@ def run_system1(prepared: Sequence[Prepared], *, n_bins: int = 10, n_resamples: 
             flips[cond] = {"n": len(pairs), "flip_rate": fr, "tv": float(np.mean(tv)) if tv else float("nan"),
                            "tv_n": len(same)}
     out["flips"] = flips
-    lab = [(p.phi, 1 - p.full_probs.max()) for p in prepared if p.phi in (0, 1)]
-    if len({x for x, _ in lab}) == 2:
-        y = np.array([x == 0 for x, _ in lab])
-        g = S.guard_metrics(y, np.array([s for _, s in lab]), threshold=0.5)
+    lab = [(p.phi, 1 - p.full_probs.max(), str(p.trace["base_item"])) for p in prepared if p.phi in (0, 1)]
+    if len({x for x, _, _ in lab}) == 2:
+        y = np.array([x == 0 for x, _, _ in lab])
+        g = S.guard_metrics(y, np.array([s for _, s, _ in lab]), threshold=0.5, groups=[i for _, _, i in lab],
+                            n_resamples=n_resamples, seed=seed)
         out["guard"] = {"positives": "phi*=0 traces", "score": "1 - max p", "auroc": g.auroc, "pr_auc": g.pr_auc,
                         "tpr": g.tpr, "fpr": g.fpr, "tpr_ci": list(g.tpr_ci), "fpr_ci": list(g.fpr_ci),
                         "recall_at_zero_false_alarms": g.recall_at_zero_false_alarms, "n_pos": g.n_pos,
-                        "n_neg": g.n_neg}
+                        "n_neg": g.n_neg, "ci_unit": g.ci_unit}
     return out

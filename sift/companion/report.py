@@ -207,7 +207,10 @@ def ice_section(cfg, org: _Organism, out: Path) -> Section:
                                  ("yes" + (" (tie-confounded)" if s["tie_confounded"] else ""))
                                  if s["anti_faithful"] else "no"])
         md.append(f"**{org.what(fam)}**: {r['n_traces']} traces; k = {c.k}, M = {c.n_null} random sets, span = "
-                  f"{c.span}, B = {c.resamples}, BH at α = {c.alpha}. WR in % (strict: ties lose), 95% bootstrap CI.")
+                  f"{c.span}, B = {c.resamples}, BH at α = {c.alpha}. WR in % (strict: ties lose), 95% percentile "
+                  f"bootstrap CI over base items (the traces of one item are not independent); each trace's p-value "
+                  f"is a one-sided permutation test over its M random sets (independent draws by construction), BH "
+                  f"across traces.")
         md.append(markdown_table(["explainer/operator", "traces", "n", "WR [CI]", "mid-rank WR", "tie rate", "d_null",
                                   "BH sig %", "class", "anti-faithful"], rows))
         if r["operator_gap"]:
@@ -319,6 +322,7 @@ def _edct_family_report(out: Path, fam: str, r: dict, md: list, figs: list) -> N
     """One family's EDCT table, AUROC line and bar figure (organism and real LM alike)."""
     md.append(markdown_table(["traces", "n", "CCS binary [CI]", "PCS", "NCC", "CCS graded [CI]", "chain k′"],
                              _edct_rows(r)))
+    md.append("CIs: 95 % percentile bootstrap over base items (unit: base item; a chain is one trace).")
     if "auroc_ccs_vs_phi" in r:
         md.append(f"CCS as a faithfulness score: AUROC vs verified φ* = {r['auroc_ccs_vs_phi']:.3f} (binary), "
                   f"{r['auroc_graded_vs_phi']:.3f} (graded).")
@@ -390,7 +394,9 @@ def system1_section(cfg, org: _Organism, out: Path) -> Section:
         figs.append(fig)
     results["provenance"] = _prov(cfg, c)
     md.append("ECE with B = 10 equal-width right-closed bins (ECE_w) and equal-mass bins (ECE_m), 95% percentile "
-              "bootstrap over traces; Brier summed over the K classes; AUROC_c uses c = 1 − H(p)/ln K. "
+              "bootstrap over base items (unit: base item; the views of one item are not independent); guard TPR/FPR "
+              "CIs likewise (a Clopper–Pearson interval would treat traces as independent); Brier summed over the "
+              "K classes; AUROC_c uses c = 1 − H(p)/ln K. "
               "Multi-query interference needs bundled questions, which the corpus's prompts never hold, so flips "
               "are measured across preserving views instead.")
     who = "the model's" if org.lm else "the organism's"
@@ -461,7 +467,9 @@ def judges_section(cfg, out: Path) -> Section:
     md.append("f = the outcome ranking first the candidate with the favoured label (\"LLM\"), the badge (placebo) or "
               "the attack; items are folded so that f = [1,2] before the marginal LDS/TS/OLS/LAO; Δe = 1 − ROUGE-L "
               "F1 on same-decision items; LAI / cue-align use the lexicon scorer. No paper statistics are "
-              "reported; the bootstrap CI is our extension.")
+              "reported; the bootstrap CI is our extension. Unit of the CI (and of the Wilson interval on RS in "
+              "results.json): the judge item, one verdict per item and probe; every item is a distinct organism "
+              "problem, so items are independent draws.")
     r["provenance"] = _prov(cfg, c, model_id=model_name)
     return Section("companion_judges", "Cue-anchored judging (paper 001)", "\n\n".join(md), [], r)
 

@@ -176,13 +176,15 @@ def calibration_error(
 
 
 def ece_ci(
-    confidence, correct, *, n_bins: int = 10, binning: str = "width", n_resamples: int = 1000, seed: int = 0
+    confidence, correct, *, n_bins: int = 10, binning: str = "width", n_resamples: int = 1000, seed: int = 0,
+    groups=None,
 ) -> BootstrapCI:
-    """Percentile bootstrap over instances for ECE [R: method not stated; Efron in the bibliography]."""
+    """Percentile bootstrap over instances for ECE [R: method not stated; Efron in the bibliography]; with
+    ``groups`` (one per instance, e.g. base items) over whole clusters of instances."""
     conf, corr = np.asarray(confidence, float), np.asarray(correct, float)
     return bootstrap_ci(
         lambda i: calibration_error(conf[i], corr[i], n_bins=n_bins, binning=binning).ece,
-        conf.size, n_resamples=n_resamples, seed=seed,
+        conf.size, n_resamples=n_resamples, seed=seed, groups=groups,
     )
 
 
@@ -303,10 +305,11 @@ class GuardMetrics:
     auroc: float
     pr_auc: float  #: average precision [R]
     recall_at_zero_false_alarms: float  #: largest TPR with FPR = 0 over all thresholds
-    tpr_ci: tuple[float, float]  #: Clopper–Pearson 95%
+    tpr_ci: tuple[float, float]  #: 95 %: Clopper–Pearson (independent inputs) or a cluster bootstrap (``groups``)
     fpr_ci: tuple[float, float]
     n_pos: int
     n_neg: int
+    ci_unit: str = "input (Clopper-Pearson)"
 
 
 def recall_at_zero_false_alarms(is_attack, score) -> float:
@@ -319,15 +322,40 @@ def recall_at_zero_false_alarms(is_attack, score) -> float:
     return float(np.mean(s[y] > top_neg))
 
 
-def guard_metrics(is_attack, score, threshold: float = 0.5) -> GuardMetrics:
-    """Positives = attacks; flagged iff score ≥ threshold [P]. AUROC via sklearn, PR-AUC = average precision."""
+def _rate_ci(hit: np.ndarray, groups, n_resamples: int, seed: int) -> tuple[float, float]:
+    """95 % percentile bootstrap of the mean of ``hit`` over whole clusters ``groups``."""
+    if not hit.size:
+        return float("nan"), float("nan")
+    ci = bootstrap_ci(lambda i: float(hit[i].mean()), hit.size, n_resamples=n_resamples, seed=seed,
+                      groups=np.asarray(groups))
+    return ci.low, ci.high
+
+
+def guard_metrics(is_attack, score, threshold: float = 0.5, *, groups=None, n_resamples: int = 1000,
+                  seed: int = 0) -> GuardMetrics:
+    """Positives = attacks; flagged iff score ≥ threshold [P]. AUROC via sklearn, PR-AUC = average precision.
+
+    TPR / FPR intervals: Clopper–Pearson when the inputs are independent (the paper's prompts); with ``groups``
+    (one cluster per input, e.g. the base item of each trace) a percentile bootstrap over clusters instead, since
+    inputs of one cluster are not independent draws."""
     y = np.asarray(is_attack, dtype=bool)
     s = np.asarray(score, dtype=float)
+    if groups is not None and len(groups) != y.size:
+        raise SiftError(f"guard_metrics: {len(groups)} groups for {y.size} inputs")
     flag = s >= threshold
     npos, nneg = int(y.sum()), int((~y).sum())
     tp, fp = int((flag & y).sum()), int((flag & ~y).sum())
     tn = nneg - fp
     both = 0 < npos < y.size
+    if groups is not None:
+        g = np.asarray(groups)
+        cis = (_rate_ci(flag[y].astype(float), g[y], n_resamples, seed),
+               _rate_ci(flag[~y].astype(float), g[~y], n_resamples, seed))
+        unit = "base item (cluster bootstrap)"
+    else:
+        nan2 = (float("nan"), float("nan"))
+        cis = (clopper_pearson(tp, npos) if npos else nan2, clopper_pearson(fp, nneg) if nneg else nan2)
+        unit = "input (Clopper-Pearson)"
     return GuardMetrics(
         tpr=tp / npos if npos else float("nan"),
         fpr=fp / nneg if nneg else float("nan"),
@@ -335,10 +363,11 @@ def guard_metrics(is_attack, score, threshold: float = 0.5) -> GuardMetrics:
         auroc=auroc_kernel(s, y.astype(int)),
         pr_auc=float(average_precision_score(y, s)) if both else float("nan"),
         recall_at_zero_false_alarms=recall_at_zero_false_alarms(y, s),
-        tpr_ci=clopper_pearson(tp, npos) if npos else (float("nan"), float("nan")),
-        fpr_ci=clopper_pearson(fp, nneg) if nneg else (float("nan"), float("nan")),
+        tpr_ci=cis[0],
+        fpr_ci=cis[1],
         n_pos=npos,
         n_neg=nneg,
+        ci_unit=unit,
     )
 
 

@@ -37,19 +37,35 @@ NAN = math.nan
 
 @dataclass(frozen=True)
 class SelectiveConfig:
-    """SGR parameters (docs/design.md §7): target risk α, failure probability δ, bound, candidate grid
-    (None: the default grid)."""
+    """SGR parameters (docs/design.md §7): target risk α, failure probability δ, bound (``betting``: over base
+    items, the default; ``clopper-pearson`` / ``normal``: the paper's trace-level bounds), candidate grid (None:
+    the default grid) and the most traces one base item may hold (None: the calibration sample's largest item)."""
 
     alpha: float = 0.25
     delta: float = 0.05
-    bound: str = "clopper-pearson"
+    bound: str = "betting"
     candidates: tuple[float, ...] | None = None
+    max_traces: int | None = None
 
-    def run(self, rho: np.ndarray, correct: np.ndarray, alpha: float | None = None) -> SGRResult:
+    def run(self, rho: np.ndarray, correct: np.ndarray, items: np.ndarray, alpha: float | None = None) -> SGRResult:
+        """SGR on calibration traces (gate ρ, 1[verdict = φ*], base item of each): every certificate of the
+        report goes through here."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UndefinedMetricWarning)
             return sgr(rho, correct, self.alpha if alpha is None else alpha, self.delta,
-                       None if self.candidates is None else list(self.candidates), self.bound)  # type: ignore[arg-type]
+                       None if self.candidates is None else list(self.candidates), self.bound,  # type: ignore[arg-type]
+                       groups=items, max_traces=self.max_traces)
+
+
+def bound_unit(selective: SelectiveConfig) -> str:
+    """The report's words for an SGR bound and its unit (every certificate footnote states it)."""
+    from sift.metrics.selective import ITEM_BOUNDS
+
+    if selective.bound in ITEM_BOUNDS:
+        return (f"{selective.bound} bound over base items (unit: base item, however an item's traces are "
+                f"correlated; docs/design.md §7)")
+    return (f"trace-level {selective.bound} bound (unit: trace; valid only for independent traces, which the "
+            f"traces of one base item are not)")
 
 
 class Items:
@@ -121,7 +137,7 @@ class RunData:
         """SGR threshold on ρ calibrated on ``calib`` (the same detector and seed on e.g. the validation split)
         or, without it, on this run's own traces (in-sample, as the paper's Table 3 reports it)."""
         src = calib if calib is not None else self
-        self.sgr = cfg.run(src.rho, src.correct)
+        self.sgr = cfg.run(src.rho, src.correct, src.item)
         self.t_star = self.sgr.threshold if self.sgr.feasible else math.inf
         return self
 

@@ -363,7 +363,8 @@ def _noise_metrics(st: SeedStack, pres, alt, it, ip, ia, y_noisy, alpha, delta, 
         acc = float(np.mean(v[s, it] == yt)) if it.size else math.nan
         ivr, as_, _, m = operating_metrics(v[s], r[s], pres, alt, it, ip, ia, alt_labels=pl,
                                            pres_mask=pres_mask, alt_mask=alt_mask)
-        gate = sgr_threshold(r[s, it], (v[s, it] == yt).astype(int), alpha, delta) if it.size else math.inf
+        gate = (sgr_threshold(r[s, it], (v[s, it] == yt).astype(int), alpha, delta, groups=st.base_item[it])
+                if it.size else math.inf)
         if not math.isfinite(gate):
             cov, ivr_c, as_c, m_c = 0.0, math.nan, math.nan, 0.0  # nothing certified: κ = 0 ⇒ MFS = 0
         else:
@@ -394,7 +395,7 @@ def label_noise_sensitivity(
     detectors and seeds) and every label-dependent number is recomputed: AUROC and accuracy at the frozen
     threshold, AS (altering pairs scored against the noisy label change; pairs whose noisy labels no
     longer differ drop out, doubly flipped pairs count as reversed), IVR / AS / MFS at full coverage, and
-    the SGR certified operating point (α, δ; Clopper–Pearson) re-calibrated on the noisy labels with the
+    the SGR certified operating point (α, δ; the bound over base items) re-calibrated on the noisy labels with the
     certified IVR / AS / MFS (an infeasible SGR certifies nothing: κ = 0, MFS = 0). The calibration is
     in-sample (on the evaluated split), unlike the paper's held-out calibration set.
 
@@ -469,7 +470,7 @@ def label_noise_sensitivity(
             rows.append([n, m] + [fmt_cell(c) for c in curves[n][m]])
     md = [f"Label noise: a fraction ε of verified labels flipped at random ({n_draws} draws per ε; "
           f"{'pairs re-verified on noisy labels' if reverify else 'pair set fixed, noisy labels score AS'}); "
-          f"SGR at α = {alpha}, δ = {delta} re-calibrated on the noisy labels (in-sample). "
+          f"SGR at α = {alpha}, δ = {delta} (bound over base items) re-calibrated on the noisy labels (in-sample). "
           f"95 % CIs: {n_resamples} base-item resamples, fresh noise per resample (paper App. C.8.1).", "",
           markdown_table(hdr, rows), ""]
     for metric, d in rank_res.items():
@@ -569,7 +570,7 @@ def abstention_characterisation(
             elif coverage is not None:
                 gates.append(coverage_threshold(r[s], coverage))
             else:
-                gates.append(sgr_threshold(r[s], (v[s] == st.label).astype(int), alpha, delta))
+                gates.append(sgr_threshold(r[s], (v[s] == st.label).astype(int), alpha, delta, groups=st.base_item))
         gates = np.array(gates, float)
         committed = r >= gates[:, None]  # [S, N]
         attrs = _attributes(st, traces)

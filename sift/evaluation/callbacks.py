@@ -52,7 +52,7 @@ class MetaEvalCallback(pl.Callback):
     """
 
     def __init__(self, every_n_epochs: int = 1, on_validation: bool = True, on_test: bool = True,
-                 alpha: float = 0.25, delta: float = 0.05, bound: str = "clopper-pearson",
+                 alpha: float = 0.25, delta: float = 0.05, bound: str = "betting",
                  candidates: Sequence[float] | None = None, max_pairs: int | None = None,
                  batch_size: int | None = None, axes: Sequence[str] | None = None) -> None:
         super().__init__()
@@ -105,11 +105,12 @@ class MetaEvalCallback(pl.Callback):
             # traces of the split: SGR calibration (and this epoch's threshold during fit). Every rank scores all
             # of them (the threshold must agree across ranks); only rank 0 adds them to the metric, so the
             # gathered state holds each trace once. Pairs are split over the ranks.
-            probs, labels = [], []
+            probs, labels, items = [], [], []
             loader = _split_loader(dm, split)
             for b in loader if loader is not None else []:
                 probs.append(pl_module(b.to(dev)).float().reshape(-1).cpu())
                 labels.append(b.label.reshape(-1).cpu())
+                items.extend(str(x) for x in getattr(b, "base_item", []))
             p = torch.cat(probs) if probs else torch.zeros(0)
             y = torch.cat(labels) if labels else torch.zeros(0)
             threshold = float(pl_module.threshold)
@@ -124,7 +125,8 @@ class MetaEvalCallback(pl.Callback):
             metric = MetaFaithfulness(axes or ["none"], self.alpha, self.delta, self.bound, self.candidates,
                                       sync_on_compute=world_size > 1)
             if rank == 0:
-                metric.update_traces(confidence_gate(p), ((p >= threshold).long() == y.long()).long())
+                metric.update_traces(confidence_gate(p), ((p >= threshold).long() == y.long()).long(),
+                                     items if len(items) == p.numel() else None)
             n_done = 0
             for i, pb in enumerate(dm.pair_dataloader(split, batch_size=self.batch_size)):
                 chunk = pb.pairs

@@ -5,8 +5,9 @@
   **controls** (:func:`order_rows`, :func:`with_group_rows`).
 * :func:`control_margins`: each detector's in-distribution AUROC minus the best control's (the control with the
   highest seed-mean AUROC on the evaluated split), on the traces both were evaluated on, with a paired
-  cluster-bootstrap CI: every replicate resamples the split's base items once and computes both AUROCs on that
-  resample (the same draws as the table's other columns). A detector whose CI does not lie above 0 is flagged.
+  cluster-bootstrap CI: every replicate resamples the base items once, stratified by split like Table 1's other
+  columns (so the number of test items is the same in every replicate), and computes both AUROCs on that
+  resample. A detector whose CI does not lie above 0 is flagged.
 * :func:`matched_slice_section`: every detector's and control's AUROC, IVR, AS and MFS on the matched-text slice
   (:func:`sift.corpus.audit.matched_slice`): traces in the slice for the AUROC; pairs with at least one trace in
   the slice for IVR and AS.
@@ -77,11 +78,13 @@ def _common(runs: Sequence[Predictions], others: Sequence[Predictions]) -> np.nd
 
 
 def control_margins(rows: Mapping[str, Sequence[Predictions]], n_resamples: int = 1000, seed: int = 0,
-                    items: Items | None = None, table: PredictionTable | None = None) -> dict[str, dict[str, Any]]:
+                    items: Items | None = None, table: PredictionTable | None = None,
+                    strata: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
     """Per detector row: ``{estimate, low, high, best_control, n_traces, beats_controls, reason}`` for AUROC(row) −
-    AUROC(best control), seed means, paired cluster bootstrap over base items (``items``: the table's list, so
-    the draws are the table's; ``table``: the prediction table holding the runs, built from them when None). Empty
-    when there is no control row; control rows get none."""
+    AUROC(best control), seed means, paired cluster bootstrap over base items (``items``: the table's list and
+    ``strata`` its split strata (:func:`~sift.evaluation.analysis.split_strata`), so the draws are the table's:
+    every replicate keeps each split's number of items; ``table``: the prediction table holding the runs, built
+    from them when None). Empty when there is no control row; control rows get none."""
     ctrl = {k: v for k, v in rows.items() if is_control(k) and "ensemble" not in k}
     if not ctrl:
         return {}
@@ -114,7 +117,7 @@ def control_margins(rows: Mapping[str, Sequence[Predictions]], n_resamples: int 
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UndefinedMetricWarning)
-            est, low, high = bootstrap_vector(margin, len(items), n_resamples, seed)
+            est, low, high = bootstrap_vector(margin, len(items), n_resamples, seed, strata=strata)
         e, lo, hi = num(est[0]), num(low[0]), num(high[0])
         reason = None
         if e is None:

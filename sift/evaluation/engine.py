@@ -61,14 +61,16 @@ class ReportOptions:
     @classmethod
     def of(cls, *, sgr: Any = None, bootstrap: Any = None, **values: Any) -> ReportOptions:
         """Options from plain values plus, optionally, an SGR node (``alpha``, ``delta``, ``bound``,
-        ``candidates``; a :class:`SelectiveConfig` is taken as is) and a bootstrap node (``resamples`` or
-        ``n_resamples``, ``seed``); the nodes may be dicts, DictConfigs or dataclasses."""
+        ``candidates``, ``max_traces``; a :class:`SelectiveConfig` is taken as is) and a bootstrap node
+        (``resamples`` or ``n_resamples``, ``seed``); the nodes may be dicts, DictConfigs or dataclasses."""
         if sgr is not None:
             if not isinstance(sgr, SelectiveConfig):
                 cands = _get(sgr, "candidates")
+                most = _get(sgr, "max_traces")
                 sgr = SelectiveConfig(float(_get(sgr, "alpha", default=0.25)), float(_get(sgr, "delta", default=0.05)),
-                                      str(_get(sgr, "bound", default="clopper-pearson")),
-                                      tuple(float(c) for c in cands) if cands else None)
+                                      str(_get(sgr, "bound", default="betting")),
+                                      tuple(float(c) for c in cands) if cands else None,
+                                      None if most is None else int(most))
             values["selective"] = sgr
         if bootstrap is not None:
             values.setdefault("n_resamples", int(_get(bootstrap, "resamples", "n_resamples", default=1000)))

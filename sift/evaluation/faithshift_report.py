@@ -315,7 +315,8 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     from sift.detectors.registry import detector_entries, reference_detector
     from sift.evaluation.controls import slice_ids_from_corpus
 
-    options = ReportOptions.of(sgr={"alpha": cfg.sgr.alpha, "delta": cfg.sgr.delta, "bound": cfg.sgr.bound},
+    options = ReportOptions.of(sgr={"alpha": cfg.sgr.alpha, "delta": cfg.sgr.delta, "bound": cfg.sgr.bound,
+                                    "candidates": cfg.sgr.candidates, "max_traces": cfg.sgr.get("max_traces")},
                                reference=reference_detector(detector_entries(cfg.detectors)),
                                title="sift-faithshift report", slice_ids=slice_ids_from_corpus(corpus),
                                section_modules=list(cfg.report.section_modules), **common)

@@ -41,6 +41,34 @@ def _np(x: Any, dtype: torch.dtype) -> np.ndarray:
     return _flat(x, dtype).cpu().numpy()
 
 
+def item_keys(items: Sequence[Any] | torch.Tensor) -> torch.Tensor:
+    """Base items as int64 keys a metric state can hold and DDP can gather: integer tensors as they are, names
+    by their 8-byte BLAKE2b hash (the same name gives the same key on every rank)."""
+    import hashlib
+
+    if isinstance(items, torch.Tensor):
+        return items.detach().reshape(-1).long().cpu()
+    return torch.tensor([int.from_bytes(hashlib.blake2b(str(x).encode(), digest_size=8).digest(), "little",
+                                        signed=True) for x in items], dtype=torch.long)
+
+
+def _certify(rho: np.ndarray, ok: np.ndarray, items: np.ndarray, alpha: float, delta: float,
+             candidates: list[float] | None, bound: str, where: str):
+    """SGR on gathered calibration traces (:func:`sift.metrics.sgr`, warnings silenced); the item bound needs the
+    base item of every trace."""
+    import warnings
+
+    from sift.metrics import UndefinedMetricWarning, sgr
+    from sift.metrics.selective import ITEM_BOUNDS
+
+    if bound in ITEM_BOUNDS and items.size != rho.size:
+        raise SiftError(f"{where}: the {bound!r} bound certifies over base items; pass the base item of every "
+                        f"calibration trace (items=...), got {items.size} items for {rho.size} traces")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UndefinedMetricWarning)
+        return sgr(rho, ok, alpha, delta, candidates, bound, groups=items)  # type: ignore[arg-type]
+
+
 def _axis_ids(axes: Sequence[str], names: Sequence[str] | torch.Tensor, where: str) -> torch.Tensor:
     """Axis names (or already-mapped ids) → ids into ``axes``; an unknown name is an error."""
     if isinstance(names, torch.Tensor):
@@ -110,34 +138,35 @@ class SelectiveGuaranteedRisk(Metric):
     """SGR (paper eq. 35 / App. K.5) on accumulated per-trace gate values ρ and correctness.
 
     ``compute()`` returns threshold t* (inf when infeasible), coverage, empirical selective risk, bound value
-    and ``feasible`` (0/1), from :func:`sift.metrics.sgr` on the gathered traces.
+    and ``feasible`` (0/1), from :func:`sift.metrics.sgr` on the gathered traces. ``update`` takes the base item
+    of every trace (names or integer ids), which the default bound (over base items) needs.
     """
 
     full_state_update = False
 
-    def __init__(self, alpha: float = 0.25, delta: float = 0.05, bound: str = "clopper-pearson",
+    def __init__(self, alpha: float = 0.25, delta: float = 0.05, bound: str = "betting",
                  candidates: Sequence[float] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.alpha, self.delta, self.bound = float(alpha), float(delta), str(bound)
         self.candidates = None if candidates is None else [float(c) for c in candidates]
         self.add_state("rho", [], dist_reduce_fx="cat")
         self.add_state("correct", [], dist_reduce_fx="cat")
+        self.add_state("item", [], dist_reduce_fx="cat")
 
-    def update(self, rho: torch.Tensor, correct: torch.Tensor) -> None:
+    def update(self, rho: torch.Tensor, correct: torch.Tensor, items: Sequence[Any] | torch.Tensor | None = None
+               ) -> None:
         self.rho.append(_flat(rho, torch.float64))
         self.correct.append(_flat(correct, torch.long).to(self.rho[-1].device))
+        if items is not None:
+            self.item.append(item_keys(items).to(self.rho[-1].device))
 
     def result(self):
         """The full :class:`sift.metrics.SGRResult` (curve included) on the gathered traces."""
-        import warnings
-
-        from sift.metrics import UndefinedMetricWarning, sgr
-
         rho = dim_zero_cat(self.rho).cpu().numpy() if self.rho else np.zeros(0)
         ok = dim_zero_cat(self.correct).cpu().numpy() if self.correct else np.zeros(0, int)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UndefinedMetricWarning)
-            return sgr(rho, ok, self.alpha, self.delta, self.candidates, self.bound)  # type: ignore[arg-type]
+        items = dim_zero_cat(self.item).cpu().numpy() if self.item else np.zeros(0, np.int64)
+        return _certify(rho, ok, items, self.alpha, self.delta, self.candidates, self.bound,
+                        "SelectiveGuaranteedRisk")
 
     def compute(self) -> dict[str, torch.Tensor]:
         r = self.result()
@@ -150,7 +179,7 @@ class MetaFaithfulness(Metric):
     """Per-pair records (cat states) + per-trace (ρ, correct) for SGR calibration → IVR/AS/MFS/coverage.
 
     ``update_pairs(...)`` takes a batch of verified pairs (axis names, kind ``preserving``/``altering``, the
-    detector's verdicts and gate values on both traces, the verified labels); ``update_traces(rho, correct)``
+    detector's verdicts and gate values on both traces, the verified labels); ``update_traces(rho, correct, items)``
     takes the calibration traces for SGR (e.g. the whole in-distribution validation split). ``compute()``:
 
     * ``ivr/<axis>``, ``ivr`` (macro mean over axes with pairs), ``as``, ``mfs`` — full coverage (κ = 1);
@@ -165,7 +194,7 @@ class MetaFaithfulness(Metric):
     KINDS = ("preserving", "altering")
 
     def __init__(self, axes: Sequence[str], alpha: float = 0.25, delta: float = 0.05,
-                 bound: str = "clopper-pearson", candidates: Sequence[float] | None = None, **kwargs: Any) -> None:
+                 bound: str = "betting", candidates: Sequence[float] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.axes = [str(a) for a in axes]
         if len(set(self.axes)) != len(self.axes) or "mean" in self.axes:
@@ -174,11 +203,11 @@ class MetaFaithfulness(Metric):
         self.candidates = None if candidates is None else [float(c) for c in candidates]
         for name in ("axis", "kind", "v_src", "v_dst", "y_src", "y_dst"):
             self.add_state(name, [], dist_reduce_fx="cat")
-        for name in ("rho_src", "rho_dst", "trace_rho", "trace_correct"):
+        for name in ("rho_src", "rho_dst", "trace_rho", "trace_correct", "trace_item"):
             self.add_state(name, [], dist_reduce_fx="cat")
 
-    def update(self, pairs: dict[str, Any] | None = None, traces: tuple[Any, Any] | None = None) -> None:
-        """``pairs``: keyword arguments of :meth:`update_pairs`; ``traces``: ``(rho, correct)``. Use the two
+    def update(self, pairs: dict[str, Any] | None = None, traces: tuple[Any, ...] | None = None) -> None:
+        """``pairs``: keyword arguments of :meth:`update_pairs`; ``traces``: ``(rho, correct[, items])``. Use the two
         helpers; they go through this method so torchmetrics' update bookkeeping (cache, counts) applies."""
         if pairs is not None:
             self._add_pairs(**pairs)
@@ -194,9 +223,11 @@ class MetaFaithfulness(Metric):
                                label_source=label_source, label_shifted=label_shifted, rho_source=rho_source,
                                rho_shifted=rho_shifted))
 
-    def update_traces(self, rho: torch.Tensor, correct: torch.Tensor) -> None:
-        """Add calibration traces for SGR: gate ρ and 1[verdict == φ*]."""
-        self.update(traces=(rho, correct))
+    def update_traces(self, rho: torch.Tensor, correct: torch.Tensor,
+                      items: Sequence[Any] | torch.Tensor | None = None) -> None:
+        """Add calibration traces for SGR: gate ρ, 1[verdict == φ*] and the base item of each (names or integer
+        ids; the default bound certifies over base items and needs them)."""
+        self.update(traces=(rho, correct, items))
 
     def _add_pairs(self, axis: Sequence[str] | torch.Tensor, kind: Sequence[str] | torch.Tensor,
                    verdict_source: torch.Tensor, verdict_shifted: torch.Tensor, label_source: torch.Tensor,
@@ -228,10 +259,13 @@ class MetaFaithfulness(Metric):
                 raise SiftError(f"MetaFaithfulness: {name} has {t.numel()} entries, expected {n}")
             getattr(self, name).append(t.to(dev))
 
-    def _add_traces(self, rho: torch.Tensor, correct: torch.Tensor) -> None:
+    def _add_traces(self, rho: torch.Tensor, correct: torch.Tensor,
+                    items: Sequence[Any] | torch.Tensor | None = None) -> None:
         r = _flat(rho, torch.float64)
         self.trace_rho.append(r)
         self.trace_correct.append(_flat(correct, torch.long).to(r.device))
+        if items is not None:
+            self.trace_item.append(item_keys(items).to(r.device))
 
     def _cat(self, name: str, dtype) -> np.ndarray:
         v = getattr(self, name)
@@ -240,14 +274,11 @@ class MetaFaithfulness(Metric):
         return dim_zero_cat(v).cpu().numpy()
 
     def compute(self) -> dict[str, torch.Tensor]:
-        import warnings
-
-        from sift.metrics import UndefinedMetricWarning, sgr
-
         ax, kind = self._cat("axis", int), self._cat("kind", int)
         vs, vd, ys, yd = (self._cat(n, int) for n in ("v_src", "v_dst", "y_src", "y_dst"))
         rs, rd = self._cat("rho_src", float), self._cat("rho_dst", float)
         tr, tc = self._cat("trace_rho", float), self._cat("trace_correct", int)
+        ti = self._cat("trace_item", np.int64)
 
         def ivr_as(sel: np.ndarray) -> tuple[np.ndarray, float, float]:
             per, ivr = ivr_compute(*ivr_update(vs, vd, ax, len(self.axes), sel & (kind == 0)))
@@ -257,9 +288,7 @@ class MetaFaithfulness(Metric):
         per, ivr, as_ = ivr_as(np.ones(len(vs), bool))
         out.update({f"ivr/{a}": float(v) for a, v in zip(self.axes, per)})
         out.update({"ivr": ivr, "as": as_, "mfs": mfs_compute(ivr, as_, 1.0)})
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UndefinedMetricWarning)
-            r = sgr(tr, tc, self.alpha, self.delta, self.candidates, self.bound)  # type: ignore[arg-type]
+        r = _certify(tr, tc, ti, self.alpha, self.delta, self.candidates, self.bound, "MetaFaithfulness")
         out.update({"sgr_threshold": r.threshold, "coverage": r.coverage if tr.size else NAN,
                     "sgr_risk": r.selective_risk, "sgr_bound": r.bound_value, "sgr_feasible": float(r.feasible)})
         if r.feasible:

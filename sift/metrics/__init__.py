@@ -28,11 +28,19 @@ from sift.metrics.selective import (
     select_top,
     sgr,
 )
-from sift.metrics.significance import BHResult, McNemarResult, benjamini_hochberg, mcnemar
+from sift.metrics.significance import (
+    BHResult,
+    ClusteredPairedResult,
+    McNemarResult,
+    benjamini_hochberg,
+    clustered_mcnemar,
+    mcnemar,
+)
 
 __all__ = [
     "BHResult",
     "BootstrapResult",
+    "ClusteredPairedResult",
     "DEFAULT_CANDIDATES",
     "IVRLowerBound",
     "McNemarResult",
@@ -45,6 +53,7 @@ __all__ = [
     "auroc",
     "benjamini_hochberg",
     "cluster_bootstrap",
+    "clustered_mcnemar",
     "cohen_kappa",
     "confidence_gate",
     "ece",

@@ -15,7 +15,7 @@ from numpy.typing import ArrayLike
 from sift.errors import SiftError
 from sift.metrics.bootstrap import ClusterRows, bootstrap_drawn, bootstrap_p_value
 from sift.metrics.checks import UndefinedMetricWarning
-from sift.metrics.selective import DEFAULT_CANDIDATES, first_feasible, selection_counts, upper_bounds
+from sift.metrics.selective import DEFAULT_CANDIDATES, candidate_bounds
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,12 +151,14 @@ def sgr_threshold(
     alpha: float,
     delta: float,
     candidates: ArrayLike | None = None,
+    groups: ArrayLike | None = None,
+    bound: str = "betting",
 ) -> float:
-    """The threshold :func:`sift.metrics.sgr` certifies (Clopper–Pearson bound), without the curve or the input
-    checks (same kernels: :func:`~sift.metrics.selective.selection_counts`, the binomial bound,
-    :func:`~sift.metrics.selective.first_feasible`); +inf when none is feasible. For bootstrap loops."""
+    """The threshold :func:`sift.metrics.sgr` certifies, without the curve, the bound values or the input checks
+    (the same kernel, :func:`~sift.metrics.selective.candidate_bounds`); +inf when none is feasible. For
+    bootstrap loops. ``groups``: the base item of every trace (the default bound is over base items)."""
     rho = np.asarray(confidence, float)
     ts = DEFAULT_CANDIDATES if candidates is None else np.unique(np.asarray(candidates, float))
-    n_sel, e_sel = selection_counts(rho, 1 - np.asarray(correct, int), ts)
-    i = first_feasible(upper_bounds(e_sel, n_sel, delta / ts.size, "clopper-pearson"), alpha)
-    return math.inf if i is None else float(ts[i])
+    cb = candidate_bounds(rho, np.asarray(correct, int), ts, alpha, delta / ts.size, bound, groups, values=False)
+    hits = np.flatnonzero(cb.certified)
+    return math.inf if hits.size == 0 else float(ts[hits[0]])

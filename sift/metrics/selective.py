@@ -1,4 +1,8 @@
-"""Selective guaranteed risk (SGR): certified abstention (paper Thm. 4.7, §6.1.3, App. K.5)."""
+"""Selective guaranteed risk (SGR): certified abstention (paper Thm. 4.7, §6.1.3, App. K.5).
+
+The selective risk is per trace; by default it is certified with a bound over base items
+(:mod:`sift.metrics.betting`), because the traces of one item are not independent (docs/design.md §7).
+"""
 
 from __future__ import annotations
 
@@ -11,11 +15,14 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
+from sift.metrics.betting import betting_bounds, item_codes, item_counts
 from sift.metrics.binomial import clopper_pearson_upper, wald_upper
 from sift.metrics.checks import as_binary, as_finite, check_unit, same_length, undefined
 
-#: Default candidate thresholds, fixed before seeing data: a grid over the range of ρ = max(s, 1−s).
-DEFAULT_CANDIDATES = np.linspace(0.5, 1.0, 51)
+#: Default candidate thresholds, fixed before seeing data: a grid over the range of ρ = max(s, 1−s) in steps of
+#: 0.05. Every candidate costs δ/|𝒯| (Bonferroni), so a coarse grid leaves more of δ to each bound: with the item
+#: bound, 11 candidates need about a fifth fewer calibration items than the paper's 51 (docs/design.md §7).
+DEFAULT_CANDIDATES = np.linspace(0.5, 1.0, 11)
 
 
 def confidence_gate(scores: ArrayLike) -> np.ndarray:
@@ -41,7 +48,8 @@ class SGRResult:
     """Chosen threshold t* and its calibration coverage, empirical selective risk and bound value.
 
     Infeasible (no candidate certified): ``feasible=False``, ``threshold=inf``, coverage 0, NaN risk
-    and bound, and ``reason`` says why.
+    and bound, and ``reason`` says why. ``bound`` names the bound used; ``n_items`` counts the base items
+    of the calibration sample (0 for the trace-level bounds, which do not use them).
     """
 
     threshold: float
@@ -52,11 +60,28 @@ class SGRResult:
     feasible: bool
     reason: str
     curve: RiskCoverageCurve
+    bound: str = "betting"
+    n_items: int = 0
+
+
+#: the bounds :func:`sgr` knows: ``betting`` (over base items, the default) and the trace-level ones of the paper
+BOUNDS = ("betting", "clopper-pearson", "normal")
+#: bounds whose independent unit is the base item (they need the item of every trace)
+ITEM_BOUNDS = ("betting",)
+
+
+def check_bound(bound: str) -> str:
+    """``bound`` if :func:`sgr` knows it, else a SiftError listing the choices."""
+    if bound not in BOUNDS:
+        raise SiftError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
+    return bound
 
 
 def upper_bounds(errors: np.ndarray, n_sel: np.ndarray, delta_each: float, bound: str) -> np.ndarray:
-    """One-sided (1 − δ') upper bounds on the selective error rate (:mod:`sift.metrics.binomial`); inf where
-    n_t = 0. ``"clopper-pearson"``: exact (App. K.5); ``"normal"``: the Wald bound of eq. 34."""
+    """Trace-level one-sided (1 − δ') upper bounds on the selective error rate (:mod:`sift.metrics.binomial`);
+    inf where n_t = 0. ``"clopper-pearson"``: exact (App. K.5) for independent traces; ``"normal"``: the Wald
+    bound of eq. 34. Neither is valid when traces of one base item are correlated (use :func:`candidate_bounds`
+    with ``"betting"``)."""
     out = np.full(np.shape(errors), np.inf)
     has = n_sel > 0
     e, n = errors[has], n_sel[has]
@@ -81,57 +106,121 @@ def first_feasible(bounds: np.ndarray, alpha: float) -> int | None:
     return int(ok[0]) if ok.size else None
 
 
+@dataclass(frozen=True, eq=False)
+class CandidateBounds:
+    """Per candidate threshold: traces selected and their errors, the bound U(t) (NaN when not computed) and
+    whether t is certified at α; ``n_items`` base items in the sample (0 for trace-level bounds)."""
+
+    n_selected: np.ndarray
+    errors: np.ndarray
+    bound: np.ndarray
+    certified: np.ndarray
+    n_items: int
+
+
+def item_scale(codes: np.ndarray, n_items: int, max_traces: int | None) -> float:
+    """M, the most traces one item may hold: ``max_traces`` if given (checked against the sample), else the
+    largest item of the sample."""
+    largest = int(np.bincount(codes, minlength=n_items).max()) if codes.size else 0
+    if max_traces is None:
+        return float(max(largest, 1))
+    if int(max_traces) < largest:
+        raise SiftError(f"max_traces = {max_traces} but an item of the sample has {largest} traces")
+    return float(max_traces)
+
+
+def candidate_bounds(confidence: np.ndarray, correct: np.ndarray, thresholds: np.ndarray, alpha: float,
+                     delta_each: float, bound: str = "betting", groups: ArrayLike | None = None,
+                     max_traces: int | None = None, values: bool = True) -> CandidateBounds:
+    """The one certification kernel (:func:`sgr`, :func:`risk_upper_bound`, the appendix bootstrap loops):
+    for every threshold t, the traces with ρ ≥ t, a one-sided (1 − δ') upper bound U(t) on their per-trace
+    error rate, and whether U(t) ≤ α.
+
+    ``"betting"`` (default): the bound over base items of :mod:`sift.metrics.betting`; ``groups`` gives the
+    base item of every trace (required) and ``max_traces`` the most traces one item may hold (default: the
+    largest item of the sample). ``values=False`` skips computing U (only the test at α), for bootstrap loops.
+    ``"clopper-pearson"`` / ``"normal"``: the trace-level bounds (``groups`` ignored).
+    """
+    check_bound(bound)
+    rho, ok = np.asarray(confidence, float), np.asarray(correct, int)
+    n_sel, e_sel = selection_counts(rho, 1 - ok, thresholds)
+    if bound not in ITEM_BOUNDS:
+        ub = upper_bounds(e_sel, n_sel, delta_each, bound)
+        return CandidateBounds(n_sel, e_sel, ub, ub <= alpha, 0)
+    if groups is None:
+        raise SiftError(f"the {bound!r} bound needs the base item of every trace (groups=...): it treats items, "
+                        f"not traces, as the independent draws; pass groups=numpy.arange(n) only if every trace "
+                        f"is independent of the others")
+    codes, names = item_codes(groups, rho.size)
+    scale = item_scale(codes, names.size, max_traces)
+    big_n, big_e = item_counts(rho[None, :] >= thresholds[:, None], 1 - ok, codes, names.size)
+    ub, passed = betting_bounds(big_n, big_e, delta_each, scale, alpha, values)
+    return CandidateBounds(n_sel, e_sel, ub, passed, int(names.size))
+
+
+def candidate_grid(candidates: Sequence[float] | ArrayLike | None) -> np.ndarray:
+    """The candidate thresholds 𝒯, ascending and unique (default :data:`DEFAULT_CANDIDATES`)."""
+    if candidates is None:
+        return DEFAULT_CANDIDATES
+    ts = np.unique(as_finite("candidates", np.atleast_1d(np.asarray(candidates, dtype=float))))
+    if ts.size == 0:
+        raise SiftError("candidates is empty")
+    return ts
+
+
 def sgr(
     confidence: ArrayLike,
     correct: ArrayLike,
     alpha: float,
     delta: float,
     candidates: Sequence[float] | ArrayLike | None = None,
-    bound: Literal["clopper-pearson", "normal"] = "clopper-pearson",
+    bound: Literal["betting", "clopper-pearson", "normal"] = "betting",
+    groups: ArrayLike | None = None,
+    max_traces: int | None = None,
 ) -> SGRResult:
     """Certify a selection threshold t* = min{t ∈ 𝒯 : U(t) ≤ α} (paper eq. 35 / eq. 65).
 
     ``confidence`` is the gate ρ(c) (default choice: ``confidence_gate(scores)``); ``correct`` is
-    1 where the verdict matches φ*. A trace is selected when ρ ≥ t. ``candidates`` 𝒯 must be fixed
-    before seeing the calibration data (default ``DEFAULT_CANDIDATES`` = linspace(0.5, 1, 51)).
-    δ is split uniformly, δ' = δ/|𝒯|, over *all* candidates (Bonferroni, eqs. 67–68), and every
-    candidate is tested (no binary search, so a non-monotone bound cannot hide a feasible t).
-    ``bound="clopper-pearson"`` (default): exact one-sided binomial bound, valid for every n
-    (Thm. K.8); ``"normal"``: the asymptotic bound of eq. 34 (only valid for large n_t). The smallest
-    feasible threshold has the largest coverage among certified candidates.
+    1 where the verdict matches φ*. A trace is selected when ρ ≥ t; the selective risk is per trace. ``candidates``
+    𝒯 must be fixed before seeing the calibration data (default ``DEFAULT_CANDIDATES``). δ is split uniformly,
+    δ' = δ/|𝒯|, over *all* candidates (Bonferroni, eqs. 67–68), and every candidate is tested (no binary
+    search, so a non-monotone bound cannot hide a feasible t). The smallest feasible threshold has the largest
+    coverage among certified candidates.
+
+    ``bound="betting"`` (default): the bound over base items (:mod:`sift.metrics.betting`, docs/design.md §7),
+    valid when base items are independent draws however their traces are correlated; ``groups`` gives the base
+    item of every trace and ``max_traces`` bounds the traces of one item (default: the sample's largest item).
+    ``"clopper-pearson"``: the paper's exact binomial bound, valid only for independent traces (Thm. K.8);
+    ``"normal"``: the asymptotic bound of eq. 34.
     """
     rho = as_finite("confidence", confidence)
     ok = as_binary("correct", correct)
     n = same_length(confidence=rho, correct=ok)
     check_unit("alpha", alpha, open_interval=True)
     check_unit("delta", delta, open_interval=True)
-    if bound not in ("clopper-pearson", "normal"):
-        raise SiftError(f"bound must be 'clopper-pearson' or 'normal', got {bound!r}")
-    if candidates is None:
-        ts = DEFAULT_CANDIDATES
-    else:
-        ts = np.unique(as_finite("candidates", np.atleast_1d(np.asarray(candidates, dtype=float))))
-        if ts.size == 0:
-            raise SiftError("candidates is empty")
+    check_bound(bound)
+    ts = candidate_grid(candidates)
     k = ts.size
-    n_sel, e_sel = selection_counts(rho, 1 - ok, ts)
+    cb = candidate_bounds(rho, ok, ts, alpha, delta / k, bound, groups, max_traces)
+    n_sel, e_sel, ub = cb.n_selected, cb.errors, cb.bound
     with np.errstate(invalid="ignore", divide="ignore"):
         risk = np.where(n_sel > 0, e_sel / np.maximum(n_sel, 1), np.nan)
-    ub = upper_bounds(e_sel, n_sel, delta / k, bound)
     coverage = n_sel / n if n else np.zeros(k)
-    curve = RiskCoverageCurve(ts, coverage, risk, np.where(np.isinf(ub), np.nan, ub), n_sel)
-    i = first_feasible(ub, alpha)
-    if i is None:
+    curve = RiskCoverageCurve(ts, coverage, risk, np.where(np.isinf(ub) | (n_sel == 0), np.nan, ub), n_sel)
+    hits = np.flatnonzero(cb.certified)
+    if hits.size == 0:
         if n == 0:
             reason = "SGR infeasible: empty calibration set"
         else:
-            best = np.nanmin(curve.bound) if np.isfinite(ub).any() else math.nan
+            best = np.nanmin(curve.bound) if np.isfinite(curve.bound).any() else math.nan
+            unit = f"{cb.n_items} base items, {n} traces" if bound in ITEM_BOUNDS else f"n={n}"
             reason = (
                 f"SGR infeasible: no candidate threshold has a {bound} bound <= alpha={alpha} "
-                f"(delta'={delta / k:.3g} over {k} candidates, n={n}; smallest bound {best:.4g})"
+                f"(delta'={delta / k:.3g} over {k} candidates, {unit}; smallest bound {best:.4g})"
             )
         undefined(reason)
-        return SGRResult(math.inf, 0.0, math.nan, math.nan, 0, False, reason, curve)
+        return SGRResult(math.inf, 0.0, math.nan, math.nan, 0, False, reason, curve, bound, cb.n_items)
+    i = int(hits[0])
     return SGRResult(
         threshold=float(ts[i]),
         coverage=float(coverage[i]),
@@ -141,6 +230,8 @@ def sgr(
         feasible=True,
         reason="",
         curve=curve,
+        bound=bound,
+        n_items=cb.n_items,
     )
 
 
@@ -180,13 +271,18 @@ def risk_at_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float)
     return errors / n
 
 
-def risk_upper_bound(errors: int, n: int, delta: float, bound: Literal["clopper-pearson", "normal"] =
-                     "clopper-pearson") -> float:
-    """One-sided (1 − δ) upper confidence bound on an error rate from ``errors`` of ``n`` (the bound SGR uses)."""
+def risk_upper_bound(correct: ArrayLike, delta: float, bound: Literal["betting", "clopper-pearson", "normal"] =
+                     "betting", groups: ArrayLike | None = None, max_traces: int | None = None,
+                     tune_at: float = 0.25) -> float:
+    """One-sided (1 − δ) upper confidence bound on the per-trace error rate of the traces ``correct`` (1 = right)
+    with the kernel SGR uses (:func:`candidate_bounds`): over base items (``groups``) for ``"betting"``, whose
+    bets are tuned to test the rate ``tune_at``; over traces for the trace-level bounds. NaN with a warning
+    when no trace is given."""
+    ok = as_binary("correct", correct)
     check_unit("delta", delta, open_interval=True)
-    if bound not in ("clopper-pearson", "normal"):
-        raise SiftError(f"bound must be 'clopper-pearson' or 'normal', got {bound!r}")
-    if n <= 0:
+    check_unit("tune_at", tune_at, open_interval=True)
+    check_bound(bound)
+    if ok.size == 0:
         return undefined("risk bound undefined: no selected traces")
-    ub = upper_bounds(np.array([errors]), np.array([n]), delta, bound)
-    return float(ub[0])
+    cb = candidate_bounds(np.ones(ok.size), ok, np.array([0.0]), tune_at, delta, bound, groups, max_traces)
+    return float(cb.bound[0])

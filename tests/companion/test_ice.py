@@ -232,3 +232,18 @@ def test_step_ice_win_rates():
     assert r.necessity.win_rate == pytest.approx(44 / 45)
     assert r.sufficiency.win_rate == pytest.approx(44 / 45)
     assert r.sufficiency.midrank_win_rate == pytest.approx(44.5 / 45)
+
+
+def test_summary_ci_resamples_base_items_when_given():
+    """Issue 27: the WR CI's unit is the base item when ``groups`` is given (twelve traces of three items)."""
+    null = np.arange(50) / 100
+    rs = [ice.win_rate_test(x, null) for x in (0.0, 0.2, 0.3, 0.45) * 3]
+    items = [f"i{k % 4}" for k in range(12)]  # every item's three traces have one win rate
+    flat = ice.ice_summary(rs, n_resamples=300, seed=3)
+    clus = ice.ice_summary(rs, n_resamples=300, seed=3, groups=items)
+    assert clus.win_rate.estimate == flat.win_rate.estimate
+    assert clus.win_rate.high - clus.win_rate.low > 1.4 * (flat.win_rate.high - flat.win_rate.low)
+    with pytest.raises(SiftError, match="groups"):
+        ice.ice_summary(rs, groups=items[:3])
+    c = bootstrap_mean_ci([0.1, np.nan, 0.3], n_resamples=50, groups=["a", "b", "a"])  # NaN dropped with its group
+    assert c.estimate == pytest.approx(0.2) and c.low == c.high == pytest.approx(0.2)

@@ -7,6 +7,7 @@ import pytest
 
 from sift.companion import system1 as S
 from sift.companion._stats import clopper_pearson, holm
+from sift.errors import SiftError
 
 
 def test_t1_confidence_transform():
@@ -129,3 +130,26 @@ def test_t11_stats_and_rates():
     assert S.paired_wilcoxon(np.ones(28) + np.arange(28)).p_value == pytest.approx(2 / 2**28)
     np.testing.assert_allclose(holm([0.01, 0.04, 0.03, 0.005]).p_adjusted, [0.03, 0.06, 0.06, 0.02])
     assert [round(100 * S.rate(k, 172), 1) for k in (58, 152, 157, 162, 166)] == [33.7, 88.4, 91.3, 94.2, 96.5]
+
+
+def test_guard_and_ece_intervals_resample_base_items_when_given():
+    """Inputs in clusters (issue 27): with ``groups`` the TPR/FPR and ECE intervals resample clusters. Ten items of
+    ten identical traces carry the information of ten inputs, so the cluster interval is about √10 times wider
+    than the Clopper–Pearson interval that counts 100 independent inputs."""
+    rng = np.random.default_rng(4)
+    hit_item = rng.random(20) < 0.5
+    y = np.r_[np.ones(100, bool), np.zeros(100, bool)]
+    s = np.where(np.repeat(hit_item, 10), 0.9, 0.1)
+    items = np.repeat([f"i{k}" for k in range(20)], 10)
+    flat = S.guard_metrics(y, s)
+    clus = S.guard_metrics(y, s, groups=items, n_resamples=400, seed=0)
+    assert clus.ci_unit.startswith("base item") and flat.ci_unit.startswith("input")
+    assert (clus.tpr, clus.fpr) == (flat.tpr, flat.fpr)
+    assert clus.tpr_ci[1] - clus.tpr_ci[0] > 2 * (flat.tpr_ci[1] - flat.tpr_ci[0])
+    with pytest.raises(SiftError, match="groups"):
+        S.guard_metrics(y, s, groups=items[:5])
+    conf = np.repeat(rng.uniform(0.5, 1, 20), 10)
+    correct = np.repeat(rng.random(20) < 0.7, 10).astype(float)
+    a = S.ece_ci(conf, correct, n_resamples=200, seed=2)
+    b = S.ece_ci(conf, correct, n_resamples=200, seed=2, groups=items)
+    assert a.estimate == b.estimate and b.high - b.low > 2 * (a.high - a.low)

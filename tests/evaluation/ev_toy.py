@@ -12,6 +12,8 @@ Seed 0 errors at threshold 0.5: i1/p, i3/p, i1/a, i3/a, i2/h → 5 of 15.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from sift.evaluation.analysis import SelectiveConfig
@@ -57,3 +59,23 @@ def pairs() -> Pairs:
     return Pairs(axis=[r[0] for r in rows], kind=[r[1] for r in rows], source_id=[r[2] for r in rows],
                  shifted_id=[r[3] for r in rows], phi_source=[TRACES[r[2]][0] for r in rows],
                  phi_shifted=[TRACES[r[3]][0] for r in rows], base_item=[r[2].split("/")[0] for r in rows])
+
+
+def betting_reference(n_sel, n_err, scale, delta, tune_at, cap=0.95):
+    """The item bound written out with loops (docs/design.md §7): plug-in bets on D(tune_at), then the smallest r
+    on a 1e-5 grid whose running capital reaches 1/δ."""
+    n, e = np.asarray(n_sel, float), np.asarray(n_err, float)
+    d = (tune_at * n - e) / ((1 - tune_at) * scale)
+    bets = []
+    for i in range(n.size):
+        prev = d[:i]
+        var = (0.25 + ((prev - prev.mean()) ** 2).sum() if i else 0.25) / (i + 1)
+        bets.append(min(cap, math.sqrt(2 * math.log(1 / delta) / (n.size * var))))
+    for r in np.arange(0, 1, 1e-5):
+        cap_r, best = 1.0, 1.0
+        for lam, ni, ei in zip(bets, n, e):
+            cap_r *= 1 + lam * (r * ni - ei) / ((1 - r) * scale)
+            best = max(best, cap_r)
+        if best >= 1 / delta:
+            return r
+    return 1.0

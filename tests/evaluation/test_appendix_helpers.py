@@ -47,10 +47,12 @@ def test_sgr_threshold_equals_sgr():
         n = int(rng.integers(20, 400))
         rho = rng.uniform(0.5, 1.0, n)
         correct = (rng.uniform(size=n) < rho ** (1 + trial)).astype(int)
+        items = rng.integers(0, max(n // 8, 2), n)
         for alpha in (0.05, 0.2, 0.4):
-            ref = sgr(rho, correct, alpha, 0.05)
-            got = sgr_threshold(rho, correct, alpha, 0.05)
-            assert got == ref.threshold
+            ref = sgr(rho, correct, alpha, 0.05, groups=items)
+            assert sgr_threshold(rho, correct, alpha, 0.05, groups=items) == ref.threshold
+            ref = sgr(rho, correct, alpha, 0.05, bound="clopper-pearson")
+            assert sgr_threshold(rho, correct, alpha, 0.05, bound="clopper-pearson") == ref.threshold
 
 
 def test_partial_correlation_removes_the_control():

@@ -213,3 +213,39 @@ def test_report_has_controls_group_margin_column_and_slice_table(tmp_path):
     assert sl["text_bow"]["auroc"]["estimate"] == pytest.approx(1.0) and sl["text_bow"]["n_traces"] == [10, 10]
     assert sl["sift"]["as"]["estimate"] is None and "altering" in sl["sift"]["as"]["reason"]
     assert "Matched-text slice" in md and "matched_slice" in [s.key for s in secs]
+
+
+def test_margin_ci_keeps_the_number_of_test_items_in_every_replicate(monkeypatch):
+    """Table 1's margin draws the table's split-stratified items: a table with 20 test items and 12 other
+    held-out-transfer items resamples 20 test items in every replicate (issue 27)."""
+    from sift.evaluation import controls
+    from sift.evaluation.sections.main_table import main_table
+
+    label = [1, 0] * 20
+    items = [f"i{k // 2}" for k in range(40)]
+    rng = np.random.default_rng(1)
+    rows = {"det": [preds("det", rng.random(40), label, items)],
+            "text_bow": [preds("text_bow", rng.random(40), label, items)]}
+    t_items = [f"x{k // 2}" for k in range(24)]  # items only the transfer split has
+    shifted = Predictions("det", 0, "transfer", 0.5, np.array([f"u{i}" for i in range(24)]), np.array(t_items),
+                          np.array(["d"] * 24), np.array(["m"] * 24), np.array(["base"] * 24),
+                          np.array([1, 0] * 12), rng.random(24))
+    seen: list[np.ndarray] = []
+    real = controls.bootstrap_vector
+
+    def spy(fn, n_items, n_resamples, seed=0, confidence=0.95, strata=None):
+        def record(drawn):
+            if drawn is not None:
+                seen.append(np.asarray(drawn))
+            return fn(drawn)
+        return real(record, n_items, n_resamples, seed, confidence, strata)
+
+    monkeypatch.setattr(controls, "bootstrap_vector", spy)
+    pairs = Pairs(*([np.array([], dtype=object)] * 4), np.array([], int), np.array([], int), np.array([], object))
+    res = main_table(rows, pairs, transfer={"held-out": {"det": [shifted]}}, n_resamples=40).results
+    assert res["n_items"] == 32 and len(seen) == 40
+    names = sorted(set(items) | set(t_items))  # the table's item codes (sift.evaluation.analysis.Items)
+    test_codes = {names.index(i) for i in set(items)}
+    counts = {int(np.isin(d, list(test_codes)).sum()) for d in seen}
+    assert counts == {20}  # unstratified draws of 32 items would hold 20 test items only on average
+    assert res["detectors"]["det"]["margin_over_best_control"]["low"] is not None

@@ -45,11 +45,13 @@ def test_ivr_and_as_metrics_match_functional_and_merge_like_ddp():
 def test_sgr_metric_cat_states_merge():
     rng = np.random.default_rng(1)
     rho, ok = rng.uniform(0.5, 1, 500), (rng.uniform(size=500) < 0.9).astype(int)
+    items = [f"item{k}" for k in rng.integers(0, 60, 500)]
     m1, m2 = SelectiveGuaranteedRisk(alpha=0.2, delta=0.1), SelectiveGuaranteedRisk(alpha=0.2, delta=0.1)
-    m1.update(torch.tensor(rho[:200]), torch.tensor(ok[:200]))
-    m2.update(torch.tensor(rho[200:]), torch.tensor(ok[200:]))
+    m1.update(torch.tensor(rho[:200]), torch.tensor(ok[:200]), items[:200])
+    m2.update(torch.tensor(rho[200:]), torch.tensor(ok[200:]), items[200:])
     m1.merge_state(m2)
-    out, ref = m1.compute(), sgr(rho, ok, 0.2, 0.1)
+    out, ref = m1.compute(), sgr(rho, ok, 0.2, 0.1, groups=items)
+    assert ref.n_items == 60
     assert float(out["threshold"]) == pytest.approx(ref.threshold)
     assert float(out["coverage"]) == pytest.approx(ref.coverage)
 
@@ -72,7 +74,7 @@ def test_meta_faithfulness_metric_hand_values():
         m.update_pairs(axis=list(pr.axis[sl]), kind=list(pr.kind[sl]), verdict_source=v[s[sl]],
                        verdict_shifted=v[d[sl]], label_source=torch.tensor(pr.phi_source[sl]),
                        label_shifted=torch.tensor(pr.phi_shifted[sl]), rho_source=rho[s[sl]], rho_shifted=rho[d[sl]])
-    m.update_traces(rho, torch.tensor(p0.correct))
+    m.update_traces(rho, torch.tensor(p0.correct), list(p0.base_item))
     out = {k: float(x) for k, x in m.compute().items()}
     assert out["ivr/paraphrase"] == pytest.approx(0.5) and out["ivr/hint_format"] == pytest.approx(1 / 3)
     assert out["ivr"] == pytest.approx(5 / 12) and out["as"] == pytest.approx(0.5)

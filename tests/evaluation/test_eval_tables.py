@@ -5,8 +5,7 @@ import math
 import ev_toy as toy
 import numpy as np
 import pytest
-from ev_toy import CERT, est
-from scipy.stats import beta
+from ev_toy import CERT, betting_reference, est
 from sklearn.metrics import roc_auc_score
 
 from sift.evaluation.predictions import Predictions
@@ -35,11 +34,14 @@ def test_main_table_hand_values():
     d = r["seed_repeat"]
     assert (d["floor"], d["shift_attributable"], d["overlap"], d["raw"]) == pytest.approx((3 / 7, 3 / 7, 2 / 7, 4 / 7))
     assert d["raw"] == pytest.approx(d["floor"] + d["shift_attributable"] - d["overlap"])
-    # certified subset: rho >= 0.75 keeps 7/15 traces (all correct: CP bound 1 - 0.5^(1/7) <= 0.7); pairs with
-    # both traces certified all come from item i0: no violation, the altering pair moves -> MFS = kappa
+    # certified subset: rho >= 0.75 keeps 7/15 traces, all correct: items (hash order i2, i3, i0, i1) hold 2, 1, 4, 0
+    # of them, M = 4. Every plug-in bet hits the cap 0.95, errors are 0, so the item bound U solves
+    # (1 + 2y)(1 + y)(1 + 4y) = 1/δ = 2 with y = 0.95·U/(4(1 − U)): 8y³ + 14y² + 7y − 1 = 0, U ≈ 0.3258 <= 0.7.
+    # Pairs with both traces certified all come from item i0: no violation, the altering pair moves -> MFS = kappa
     sg = r["sgr"][0]
     assert sg["feasible"] and sg["threshold"] == 0.75 and sg["coverage"] == pytest.approx(7 / 15)
-    assert sg["bound"] == pytest.approx(1 - 0.5 ** (1 / 7))
+    y = max(np.roots([8, 14, 7, -1]).real)
+    assert sg["bound"] == pytest.approx(4 * y / 0.95 / (1 + 4 * y / 0.95), abs=1e-9)
     # seed 1 certifies the same traces (its changed traces have rho < 0.75)
     assert est(r, "coverage") == pytest.approx(7 / 15)
     assert (est(r, "cert_ivr"), est(r, "cert_as"), est(r, "cert_mfs")) == pytest.approx((0.0, 1.0, 7 / 15))
@@ -92,9 +94,10 @@ def test_ensemble_table_builds_average_and_gain():
     assert est(r, "gain") == pytest.approx(13 / 25 - (7 / 13 + 4 / 7) / 2)
     assert "mean of the members' thresholds" in r["threshold_from"]
     # invariance kept by seed 0 vs the ensemble on 7 preserving pairs: P-i3 only seed 0 loses, H-i3 only the
-    # ensemble loses -> b = 1, c = 1, exact McNemar p = 1
-    t = r["mcnemar_invariance"]
-    assert (t["b"], t["c"], t["n_pairs"]) == (1, 1, 7) and t["p_value"] == pytest.approx(1.0)
+    # ensemble loses -> b = 1, c = 1, both in item i3: d_i3 = 0, no discordant item, p = 1
+    t = r["invariance_test"]
+    assert (t["b"], t["c"], t["n_pairs"], t["n_items"]) == (1, 1, 7, 4) and t["p_value"] == pytest.approx(1.0)
+    assert t["n_discordant_items"] == 0 and "sign-flip" in s.markdown
     # a given ensemble (seed None) is used as is
     ens = toy.predictions(None)
     s2 = ensemble_table({"toy": [toy.predictions(0), ens]}, toy.pairs(), n_resamples=0)
@@ -109,7 +112,9 @@ def test_selective_section_hand_values(tmp_path):
     # 5 errors of 15 at full coverage; the 3 most confident traces are correct
     assert r["by_coverage"]["1.0"]["risk"] == pytest.approx(5 / 15)
     assert r["by_coverage"]["0.2"]["risk"] == 0.0
-    assert r["by_coverage"]["1.0"]["bound"] == pytest.approx(beta.ppf(1 - 0.5 / 2, 6, 10))
+    # full coverage, δ/2 = 0.25: items i2, i3, i0, i1 hold (4, 4, 4, 3) traces with (1, 2, 0, 2) errors, M = 4
+    assert r["by_coverage"]["1.0"]["bound"] == pytest.approx(
+        betting_reference([4, 4, 4, 3], [1, 2, 0, 2], 4, 0.25, 0.7), abs=1e-4)
     # kappa = 0.7: the 11 most confident traces (ties by position) hold 2 errors (i3/a, i1/p)
     assert r["matched"]["risk"]["estimate"] == pytest.approx(2 / 11)
     op = r["sgr"]["0.7"]
@@ -165,3 +170,29 @@ def test_ablation_table_relative_changes():
     assert v["no_irm"]["mfs_change"] == pytest.approx((4 / 7 - 7 / 13) / (7 / 13))
     assert v["full"]["ivr_change"] == 0.0
     assert "-20%" in s.markdown
+
+
+def _run(split, wrong, n_items=40, per=5, detector="d"):
+    """``n_items`` × ``per`` traces, label 1, prob 0.95 (right) or 0.05 (wrong) per the ``wrong`` mask."""
+    n = n_items * per
+    wrong = np.resize(np.asarray(wrong, bool), n)
+    return Predictions(detector, 0, split, 0.5, np.array([f"{split}{i}" for i in range(n)]),
+                       np.repeat([f"{split}-i{k}" for k in range(n_items)], per), np.array(["d"] * n),
+                       np.array(["m"] * n), np.array(["base"] * n), np.ones(n, int), np.where(wrong, 0.05, 0.95))
+
+
+def test_selective_section_explains_certified_runs_above_alpha():
+    """Certified on a clean calibration split (60 items, no error); on the test split the risk is 0.6 (its 95 %
+    lower bound over items clears α: a failure) or 0.3 on 6 items (lower bound ≤ α: test-sample noise)."""
+    from sift.evaluation.analysis import SelectiveConfig
+
+    calib = {"d": [_run("calib", [False], n_items=60)]}
+    bad = {"d": [_run("test", [True, True, True, False, False])]}
+    s = selective_risk_section(bad, None, calib=calib, selective=SelectiveConfig(), alphas=[0.25], n_resamples=0)
+    op = s.results["detectors"]["d"]["sgr"]["0.25"]["runs"][0]
+    assert op["feasible"] and op["n_items"] == 60 and op["risk"] == pytest.approx(0.6)
+    assert "failure event" in op["above_alpha"] and "failure event" in s.markdown
+    noisy = {"d": [_run("test", [True] * 3 + [False] * 7, n_items=6)]}
+    s = selective_risk_section(noisy, None, calib=calib, selective=SelectiveConfig(), alphas=[0.25], n_resamples=0)
+    op = s.results["detectors"]["d"]["sgr"]["0.25"]["runs"][0]
+    assert op["risk"] == pytest.approx(0.3) and "sampling noise" in op["above_alpha"]

@@ -30,6 +30,7 @@ from sift.evaluation.sections.transfer_matrix import transfer_matrix  # noqa: E4
 from sift.metrics import (  # noqa: E402
     auroc,
     benjamini_hochberg,
+    betting,
     binomial,
     bootstrap,
     calibration,
@@ -115,11 +116,36 @@ def test_binomial_bound_feeds_sgr_tables_appendix_and_companion(monkeypatch):
 
     hit = patch_kernel(monkeypatch, binomial, "clopper_pearson_upper", fake_upper)
     assert {"sift.metrics.selective"} <= set(hit)
-    assert selective.sgr([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5]).bound_value == 0.0625
-    assert sgr_threshold([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5]) == 0.5   # bound 0.0625 <= alpha
-    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), n_resamples=0)
+    assert selective.sgr([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], "clopper-pearson").bound_value == 0.0625
+    assert sgr_threshold([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], bound="clopper-pearson") == 0.5   # 0.0625 <= alpha
+    cp = analysis.SelectiveConfig(bound="clopper-pearson")
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), selective=cp, n_resamples=0)
     assert sec.results["detectors"]["toy"]["by_coverage"]["1.0"]["bound"] == 0.0625
     assert _stats.clopper_pearson(3, 10)[1] == 0.0625
+
+
+def test_item_bound_feeds_every_certificate(monkeypatch):
+    """Issue 27: SGR in the tables, the coverage bounds, the appendix loops and the torchmetrics all certify with
+    the one item-bound kernel, given the base item of every trace."""
+    seen = []
+
+    def fake(n_sel, n_err, delta, scale, tune_at, values=True):
+        seen.append(np.shape(n_sel))
+        k = np.atleast_2d(n_sel).shape[0]
+        return np.full(k, 0.125), np.ones(k, bool)
+
+    hit = patch_kernel(monkeypatch, betting, "betting_bounds", fake)
+    assert sorted(hit) == ["sift.metrics.betting", "sift.metrics.selective"]  # callers all use candidate_bounds
+    assert selective.sgr([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], groups=["a", "b"]).bound_value == 0.125
+    assert sgr_threshold([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], groups=["a", "b"]) == 0.5
+    assert _main()["sgr"][0]["bound"] == 0.125
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), selective=toy.CERT, alphas=[0.7],
+                                 n_resamples=0).results["detectors"]["toy"]
+    assert sec["sgr"]["0.7"]["bound"] == 0.125 and sec["by_coverage"]["1.0"]["bound"] == 0.125
+    m = metrics.MetaFaithfulness(axes=["paraphrase"])
+    m.update_traces(torch.tensor([0.9, 0.8]), torch.tensor([1, 1]), ["a", "b"])
+    assert float(m.compute()["sgr_bound"]) == 0.125
+    assert all(shape[-1] == 2 for shape in seen[:2])  # two base items, not two traces by accident: items a, b
 
 
 def test_calibration_kernel_feeds_functional_and_companion_ece(monkeypatch):

@@ -13,12 +13,13 @@ from sift.metrics import UndefinedMetricWarning, confidence_gate, sgr
 # 30 traces at ρ=0.95 (all correct), 10 at 0.85 (all correct), 10 at 0.75 and 10 at 0.65 (half wrong)
 RHO = np.r_[[0.95] * 30, [0.85] * 10, [0.75] * 10, [0.65] * 10]
 OK = np.r_[[1] * 40, [1, 0] * 5, [1, 0] * 5]
-CANDS = [0.6, 0.7, 0.8, 0.9]  # K = 4, delta = 0.2 -> delta' = 0.05
+CANDS = [0.6, 0.7, 0.8, 0.9]
+GRID_51 = np.linspace(0.5, 1.0, 51)  # the paper's grid  # K = 4, delta = 0.2 -> delta' = 0.05
 # per candidate: n_t = 60, 50, 40, 30; e_t = 10, 5, 0, 0
 
 
 def test_curve_counts():
-    res = sgr(RHO, OK, 0.3, 0.2, CANDS)
+    res = sgr(RHO, OK, 0.3, 0.2, CANDS, bound="clopper-pearson")
     np.testing.assert_array_equal(res.curve.n_selected, [60, 50, 40, 30])
     np.testing.assert_allclose(res.curve.coverage, [1.0, 50 / 60, 40 / 60, 30 / 60])
     np.testing.assert_allclose(res.curve.risk, [10 / 60, 5 / 50, 0.0, 0.0])
@@ -27,17 +28,17 @@ def test_curve_counts():
 def test_clopper_pearson_hand_enumeration():
     # e = 0: U = 1 - delta'^(1/n): t=0.9 -> 0.0950, t=0.8 -> 0.0722
     u90, u80 = 1 - 0.05 ** (1 / 30), 1 - 0.05 ** (1 / 40)
-    bounds = sgr(RHO, OK, 0.3, 0.2, CANDS).curve.bound
+    bounds = sgr(RHO, OK, 0.3, 0.2, CANDS, bound="clopper-pearson").curve.bound
     assert bounds[3] == pytest.approx(u90) and bounds[2] == pytest.approx(u80)
     # e > 0: U solves P(Bin(n, U) <= e) = delta'
     assert binom.cdf(5, 50, bounds[1]) == pytest.approx(0.05, abs=1e-6)  # U ≈ 0.1988
     assert binom.cdf(10, 60, bounds[0]) == pytest.approx(0.05, abs=1e-6)  # U ≈ 0.2663
     # alpha=0.08: only t=0.8 is feasible (0.9 is not: bound 0.095, fewer traces) -> non-monotone
-    r = sgr(RHO, OK, 0.08, 0.2, CANDS)
+    r = sgr(RHO, OK, 0.08, 0.2, CANDS, bound="clopper-pearson")
     assert (r.threshold, r.n_selected, r.selective_risk, r.feasible) == (0.8, 40, 0.0, True)
     assert r.coverage == pytest.approx(2 / 3) and r.bound_value == pytest.approx(u80)
-    assert sgr(RHO, OK, 0.25, 0.2, CANDS).threshold == 0.7
-    r = sgr(RHO, OK, 0.3, 0.2, CANDS)
+    assert sgr(RHO, OK, 0.25, 0.2, CANDS, bound="clopper-pearson").threshold == 0.7
+    r = sgr(RHO, OK, 0.3, 0.2, CANDS, bound="clopper-pearson")
     assert (r.threshold, r.coverage) == (0.6, 1.0)
 
 
@@ -55,11 +56,11 @@ def test_normal_bound_hand_enumeration():
 
 def test_infeasible_reports_reason():
     with pytest.warns(UndefinedMetricWarning, match="infeasible"):
-        r = sgr(RHO, OK, 0.05, 0.2, CANDS)
+        r = sgr(RHO, OK, 0.05, 0.2, CANDS, bound="clopper-pearson")
     assert not r.feasible and r.threshold == math.inf and r.coverage == 0.0
     assert math.isnan(r.selective_risk) and r.n_selected == 0 and "alpha=0.05" in r.reason
     with pytest.warns(UndefinedMetricWarning, match="empty"):
-        assert not sgr([], [], 0.1, 0.1).feasible
+        assert not sgr([], [], 0.1, 0.1, groups=[]).feasible
 
 
 def test_bad_inputs():
@@ -85,7 +86,7 @@ def test_clopper_pearson_certificate_holds_in_simulation():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         for r in range(reps):
-            res = sgr(rho[r], correct[r], alpha, delta)  # default grid, K = 51
+            res = sgr(rho[r], correct[r], alpha, delta, GRID_51, "clopper-pearson")  # independent traces
             if res.feasible:
                 feasible += 1
                 violations += (1.0 - res.threshold) / 2.0 > alpha

@@ -13,6 +13,7 @@ from sift.metrics import (
     UndefinedMetricWarning,
     benjamini_hochberg,
     cluster_bootstrap,
+    clustered_mcnemar,
     cohen_kappa,
     ece,
     estimate_gamma,
@@ -21,6 +22,7 @@ from sift.metrics import (
     ivr_lower_bound,
     mcnemar,
 )
+from sift.metrics.significance import sign_flip_distribution
 
 
 def test_bootstrap_keeps_groups_whole():
@@ -99,6 +101,40 @@ def test_mcnemar_degenerate():
     assert r.p_value == 1.0 and r.reason
     with pytest.warns(UndefinedMetricWarning):
         assert math.isnan(mcnemar([], []).p_value)
+
+
+def test_clustered_mcnemar_hand_case():
+    """Items A (two pairs only A keeps), B (one), C (one only B keeps), D (concordant): d = (+2, +1, −1, 0),
+    T = b − c = 2. The 2³ sign flips of the discordant items give T* = ±2 ± 1 ± 1 ∈ {4, 2, 2, 0, 0, −2, −2, −4}:
+    P(|T*| ≥ 2) = 6/8. Pair-level McNemar on the same b = 3, c = 1 says 2·P(Bin(4, ½) ≤ 1) = 10/16."""
+    a = [1, 1, 1, 0, 1, 0]
+    b = [0, 0, 0, 1, 1, 0]
+    items = ["A", "A", "B", "C", "D", "D"]
+    r = clustered_mcnemar(a, b, items)
+    assert (r.b, r.c, r.statistic, r.n_items, r.n_discordant_items) == (3, 1, 2.0, 4, 3)
+    assert r.p_value == 0.75
+    assert mcnemar(a, b).p_value == pytest.approx(0.625)
+    # three discordant pairs of one item are one draw: T* = ±3, p = 1 (McNemar on pairs: 2/8)
+    one = clustered_mcnemar([1, 1, 1], [0, 0, 0], ["A"] * 3)
+    assert one.p_value == 1.0 and mcnemar([1, 1, 1], [0, 0, 0]).p_value == pytest.approx(0.25)
+
+
+def test_clustered_mcnemar_is_exact_mcnemar_with_one_pair_per_item():
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        a, b = rng.integers(0, 2, 60), (rng.random(60) < 0.35).astype(int)
+        assert clustered_mcnemar(a, b, np.arange(60)).p_value == pytest.approx(mcnemar(a, b, exact_below=10**6).p_value)
+
+
+def test_clustered_mcnemar_null_distribution_and_degenerate_cases():
+    support, prob = sign_flip_distribution([2, 1])
+    assert dict(zip(support.tolist(), prob.tolist())) == {-3: 0.25, -2: 0, -1: 0.25, 0: 0, 1: 0.25, 2: 0, 3: 0.25}
+    r = clustered_mcnemar([1, 0], [1, 0], ["a", "b"])
+    assert r.p_value == 1.0 and r.reason
+    with pytest.warns(UndefinedMetricWarning):
+        assert math.isnan(clustered_mcnemar([], [], []).p_value)
+    with pytest.raises(SiftError, match="one cluster per unit"):
+        clustered_mcnemar([1, 0], [0, 1], ["a"])
 
 
 def test_bh_hand_case_and_statsmodels():

@@ -34,7 +34,8 @@ def test_sgr_on_a_disjoint_calibration_split_certifies_test_risk():
             lr = LogisticRegression(C=1.0).fit(x_tr, y_tr)
             thr = fit_threshold(lr.predict_proba(x_sel)[:, 1], y_sel, "youden")
             s_cal = lr.predict_proba(x_cal)[:, 1]
-            res = sgr(confidence_gate(s_cal), (s_cal >= thr).astype(int) == y_cal, ALPHA, DELTA)
+            # independent draws: every trace is its own base item
+            res = sgr(confidence_gate(s_cal), (s_cal >= thr).astype(int) == y_cal, ALPHA, DELTA, groups=np.arange(500))
             if not res.feasible:  # certifies nothing: no selected test trace, no violated guarantee
                 risks.append(0.0)
                 covs.append(0.0)

@@ -13,6 +13,7 @@ from sift.evaluation.analysis import (
     NAN,
     SelectiveConfig,
     bootstrap_vector,
+    bound_unit,
     common_items,
     num,
     preserving_axes,
@@ -104,8 +105,9 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
                         *([g("transfer_auroc"), g("gap")] if trows else [])])
     header = ["Variant", "Seeds", "In-dist", "IVR", "ΔIVR", "AS", "MFS", "ΔMFS", "Coverage κ", "MFS cert",
               *(["Transfer", "Gap"] if trows else [])]
-    md = (f"Mean over seeds, 95 % cluster-bootstrap CIs; Δ relative to **{reference}**; MFS at full coverage, "
-          f"MFS cert at SGR coverage (α = {selective.alpha}).\n\n" + markdown_table(header, md_rows)
+    md = (f"Mean over seeds, 95 % CIs: percentile bootstrap over base items (unit: base item); Δ relative to "
+          f"**{reference}**; MFS at full coverage, MFS cert at SGR coverage (α = {selective.alpha}, "
+          f"{bound_unit(selective)}).\n\n" + markdown_table(header, md_rows)
           + "\n".join(undertrained_note({v: r["undertrained"] for v, r in results["variants"].items()
                                           if r["undertrained"]})))
     return Section(key, title, md, results=results)

@@ -51,7 +51,7 @@ def prepare_runs(table: PredictionTable, rows: dict[str, list[Predictions]], axe
     return out
 
 
-#: SGR parameters of a table when none are given (α = 0.25, δ = 0.05, Clopper–Pearson)
+#: SGR parameters of a table when none are given (α = 0.25, δ = 0.05, the bound over base items)
 DEFAULT_SGR = SelectiveConfig()
 
 

@@ -1,4 +1,4 @@
-"""Paper Table 8: seed ensembles vs single seeds (IVR, AS, MFS, AUROC, McNemar on invariance)."""
+"""Paper Table 8: seed ensembles vs single seeds (IVR, AS, MFS, AUROC, a paired test of invariance over base items)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ from sift.evaluation.sections.registry import ReportSection, register_section
 from sift.metrics import (
     UndefinedMetricWarning,
     benjamini_hochberg,
-    mcnemar,
+    clustered_mcnemar,
 )
 from sift.report import Section, markdown_table
 from sift.report.numbers import fmt, fmt_cell
@@ -80,9 +80,10 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     ``"<name>_ensemble"``); with ``build_missing`` a detector with ≥ 2 seeds and no ensemble gets the
     probability average of its seeds (:func:`_ensemble_for`; ``val``: the validation predictions that freeze its
     threshold). A run with a seed is always a single-seed run of its own name (e.g. the per-seed
-    ``instance_ensemble``). Per detector, a McNemar test compares the
-    invariance (verdict kept) of the first seed and of the ensemble on the same preserving pairs, with
-    Benjamini–Hochberg at FDR ``q`` across detectors.
+    ``instance_ensemble``). Per detector, a paired test compares the invariance (verdict kept) of the first seed
+    and of the ensemble on the same preserving pairs: McNemar made cluster-aware, an exact sign-flip test over
+    base items (the pairs of one item share traces, so items, not pairs, are the independent units;
+    :func:`sift.metrics.clustered_mcnemar`), with Benjamini–Hochberg at FDR ``q`` across detectors.
     """
     check_same_split(runs)
     singles: dict[str, list[Predictions]] = {}
@@ -134,8 +135,8 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             res["threshold_from"] = ens[name].meta.get("threshold_from", "frozen ensemble threshold")
             test = None
             if sgl:
-                test = _invariance_mcnemar(sgl[0], e)
-            res["mcnemar_invariance"] = test
+                test = _invariance_test(sgl[0], e)
+            res["invariance_test"] = test
             results["detectors"][name] = res
             if test is not None and test.get("p_value") is not None:
                 pvals.append(test["p_value"])
@@ -153,18 +154,20 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     if pvals:
         bh = benjamini_hochberg(pvals, q)
         for n, p_adj, rej in zip(tests, bh.p_adjusted, bh.reject):
-            results["detectors"][n]["mcnemar_invariance"].update(p_bh=num(p_adj), reject_bh=bool(rej))
+            results["detectors"][n]["invariance_test"].update(p_bh=num(p_adj), reject_bh=bool(rej))
     for r in rows:
         n = r[-1]
-        if n in results["detectors"] and results["detectors"][n].get("mcnemar_invariance"):
-            t = results["detectors"][n]["mcnemar_invariance"]
+        if n in results["detectors"] and results["detectors"][n].get("invariance_test"):
+            t = results["detectors"][n]["invariance_test"]
             r[-1] = f"{fmt(t['p_value'] if t['p_value'] is not None else NAN)} (BH {fmt(nz(t.get('p_bh')))})"
         elif r[-1] != "—":
             r[-1] = "—"
-    md = ("Full coverage (no abstention), mean over seeds for single runs; 95 % cluster-bootstrap CIs. AUROC of "
+    md = ("Full coverage (no abstention), mean over seeds for single runs; 95 % CIs: percentile bootstrap over the "
+          f"test split's base items ({n_resamples} resamples; unit: base item). AUROC of "
           "the seed ensemble = AUROC of the seeds' averaged probabilities. Gain = MFS(ensemble) − MFS(single). "
-          "p: McNemar on per-pair invariance, first seed vs ensemble "
-          f"(BH-adjusted at q = {q}).\n\n"
+          "p: per-pair invariance (verdict kept), first seed vs ensemble, McNemar made cluster-aware: an exact "
+          "sign-flip test of b − c over base items (unit: base item; the preserving pairs of one item share its "
+          f"base trace), BH-adjusted at q = {q} across detectors.\n\n"
           + markdown_table(["Method", "AUROC", "IVR", "AS", "MFS", "Gain (MFS)", "p (invariance)"],
                            with_group_rows(rows)))
     det = [n for n, r in results["detectors"].items() if r["deterministic"]]
@@ -176,20 +179,24 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     return Section(key, title, md, results=results)
 
 
-def _invariance_mcnemar(a: RunData, b: RunData) -> dict[str, Any] | None:
-    """McNemar on 1[verdict kept] over the preserving pairs both runs have (matched by trace ids)."""
-    pa = a.p_axis >= 0
-    ka = {(s, d): int(a.verdict[i] == a.verdict[j]) for s, d, i, j in
-          zip(a.trace_id[a.p_src[pa]].tolist(), a.trace_id[a.p_dst[pa]].tolist(), a.p_src[pa], a.p_dst[pa])}
-    pb = b.p_axis >= 0
-    kb = {(s, d): int(b.verdict[i] == b.verdict[j]) for s, d, i, j in
-          zip(b.trace_id[b.p_src[pb]].tolist(), b.trace_id[b.p_dst[pb]].tolist(), b.p_src[pb], b.p_dst[pb])}
+def _invariance_test(a: RunData, b: RunData) -> dict[str, Any] | None:
+    """Cluster-aware McNemar (sign flips over base items) on 1[verdict kept] over the preserving pairs both runs
+    have (matched by trace ids)."""
+    def kept(r: RunData) -> dict[tuple[str, str], tuple[int, str]]:
+        p = r.p_axis >= 0
+        return {(s, d): (int(r.verdict[i] == r.verdict[j]), str(it)) for s, d, i, j, it in
+                zip(r.trace_id[r.p_src[p]].tolist(), r.trace_id[r.p_dst[p]].tolist(), r.p_src[p], r.p_dst[p],
+                    r.p_items[p])}
+
+    ka, kb = kept(a), kept(b)
     common = [k for k in ka if k in kb]
     if not common:
         return None
-    r = mcnemar([ka[k] for k in common], [kb[k] for k in common])
-    return {"p_value": num(r.p_value), "statistic": num(r.statistic), "b": r.b, "c": r.c, "exact": r.exact,
-            "n_pairs": len(common), "note": "b = pairs only the single seed keeps; c = only the ensemble keeps"}
+    r = clustered_mcnemar([ka[k][0] for k in common], [kb[k][0] for k in common], [ka[k][1] for k in common])
+    return {"p_value": num(r.p_value), "statistic": num(r.statistic), "b": r.b, "c": r.c, "n_pairs": len(common),
+            "n_items": r.n_items, "n_discordant_items": r.n_discordant_items,
+            "test": "exact sign-flip test of b - c over base items (cluster-aware McNemar)",
+            "note": "b = pairs only the single seed keeps; c = only the ensemble keeps"}
 
 
 @register_section

@@ -17,6 +17,7 @@ from sift.evaluation.analysis import (
     RunData,
     SelectiveConfig,
     bootstrap_vector,
+    bound_unit,
     calibration_source,
     check_same_split,
     common_items,
@@ -165,16 +166,18 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                                     fmt(nz(dec.get("stochastic_fraction")), 2), dec.get("n_seed_pairs", 0)])
             tables["e"].append([row + mark, len(rds), f"{fmt(nz(res['seed_stability']['mean']))} ± "
                                 f"{fmt(std)}"])
-    margins = control_margins(rows, n_resamples, seed, items, table)  # detector − best control, paired bootstrap
+    # detector − best control, paired bootstrap with the table's split-stratified draws
+    margins = control_margins(rows, n_resamples, seed, items, table, strata=strata)
     for i, row in enumerate(data):
         results["detectors"][row]["group"] = "controls" if is_control(row) else "detectors"
         if margins:
             results["detectors"][row]["margin_over_best_control"] = margins.get(row)
             tables["a"][i].append(margin_cell(margins.get(row)))
     tables = {k: with_group_rows(v) for k, v in tables.items()}
-    md = [f"Test split; {n_resamples} cluster-bootstrap resamples over base items (95 % CI in brackets); "
-          f"SGR α = {selective.alpha}, δ = {selective.delta} ({selective.bound}), calibrated "
-          f"{results['calibration']}. Rows with several seeds: mean over seeds.", "",
+    md = [f"Test split; 95 % CIs in brackets: percentile bootstrap over base items ({n_resamples} resamples; unit: "
+          f"base item; a table that mixes splits resamples each split's items within it, so every replicate keeps "
+          f"each split's item count). SGR α = {selective.alpha}, δ = {selective.delta}, {bound_unit(selective)}, "
+          f"calibrated {results['calibration']}. Rows with several seeds: mean over seeds.", "",
           "**(a) In-distribution vs transfer AUROC**", "",
           markdown_table(["Detector", "In-dist", *[f"Transfer: {s}" for s in settings], "Gap",
                           "Gap (like-for-like)", *(["Δ AUROC vs best control"] if margins else [])], tables["a"]), "",
@@ -184,7 +187,8 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
           "preserving pairs together)", "",
           markdown_table(["Detector", *axes, "Mean", "Pooled"], tables["b"]) if axes else "_no preserving pairs_",
           "",
-          "**(c) Seed-repeat decomposition** (raw = floor + shift-attributable − overlap)", "",
+          "**(c) Seed-repeat decomposition** (raw = floor + shift-attributable − overlap; the overlap's CI "
+          "resamples base items)", "",
           markdown_table(["Detector", "Raw IVR", "Seed floor", "Shift-attr.", "Overlap [95% CI]",
                           "Floor/raw", "Seed pairs"], tables["c"]) if tables["c"] else "_needs ≥ 2 seeds_", "",
           "**(d) Meta-faithfulness** (full coverage; certified = pairs with both traces ρ ≥ t*, κ = SGR coverage; "
@@ -201,7 +205,8 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
         ctrl = ", ".join(r for r in rows if is_control(r) and "ensemble" not in r)
         md += ["", "Δ AUROC vs best control: the detector's in-distribution AUROC minus that of the best shortcut "
                f"control (text only or prompt only: {ctrl}) on the same test traces, paired "
-               f"cluster-bootstrap 95 % CI; \"{NOT_ABOVE}\": the CI does not lie above 0."]
+               f"cluster-bootstrap 95 % CI with the table's split-stratified draws (unit: base item); "
+               f"\"{NOT_ABOVE}\": the CI does not lie above 0."]
     if undefined_notes:  # every "—" above, with the reason (also under "reason" in results.json)
         md += ["", "**Undefined cells (—)**", "", *[f"- {line}" for line in undefined_notes]]
     return Section(key, title, "\n".join(md), results=results)

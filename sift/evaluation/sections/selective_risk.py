@@ -17,6 +17,7 @@ from sift.evaluation.analysis import (
     RunData,
     SelectiveConfig,
     bootstrap_vector,
+    bound_unit,
     calibration_source,
     check_same_split,
     common_items,
@@ -53,6 +54,33 @@ def _risk_at(rho: np.ndarray, correct: np.ndarray, coverage: float) -> tuple[flo
         return NAN, 0, 0
     e, n = top_coverage_counts(rho, correct, coverage)
     return (e / n, e, n) if n else (NAN, 0, 0)
+
+
+def _bound_at(rd: RunData, coverage: float, delta: float, selective: SelectiveConfig) -> float:
+    """One-sided (1 − δ) upper bound on the selective risk of the ⌈κn⌉ most confident traces, with SGR's bound
+    (over base items by default: the traces' items, M = the run's largest item; bets tuned at α)."""
+    keep = select_top(rd.rho, coverage)
+    most = selective.max_traces or int(np.unique(rd.item.astype(str), return_counts=True)[1].max())
+    return risk_upper_bound(rd.correct[keep], delta, selective.bound, groups=rd.item[keep],  # type: ignore[arg-type]
+                            max_traces=most, tune_at=selective.alpha)
+
+
+def _excess(rd: RunData, threshold: float, alpha: float, selective: SelectiveConfig) -> str:
+    """Why a certified run's selective risk on the evaluated split exceeds α: the one-sided 95 % lower bound on its
+    risk over the split's base items (SGR's bound turned around) either reaches α or not."""
+    keep = rd.rho >= threshold
+    most = selective.max_traces or int(np.unique(rd.item.astype(str), return_counts=True)[1].max())
+    low = 1.0 - risk_upper_bound(1 - rd.correct[keep], 0.05, selective.bound, groups=rd.item[keep],  # type: ignore
+                                 max_traces=most, tune_at=1.0 - alpha)
+    risk = float(np.mean(rd.correct[keep] == 0))
+    if low <= alpha:
+        return (f"risk {risk:.3f} > α, but its 95 % lower bound over the evaluated items, {low:.3f}, is ≤ α: "
+                f"consistent with a population risk ≤ α (sampling noise of the evaluated split)")
+    if "base item" in bound_unit(selective):
+        return (f"risk {risk:.3f} > α and its 95 % lower bound over the evaluated items, {low:.3f}, is > α: the "
+                f"certificate's failure event, of probability ≤ δ = {selective.delta} per certificate")
+    return (f"risk {risk:.3f} > α and its 95 % lower bound, {low:.3f}, is > α: the trace-level bound does not "
+            f"hold for clustered traces")
 
 
 def _mfs_at(rd: RunData, prow: np.ndarray, trow: np.ndarray, coverage: float) -> float:
@@ -105,6 +133,7 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
                                "detectors": {}, "comparisons": {}}
     d_each = selective.delta / max(len(coverages), 1)
     sgr_rows, cov_rows, match_rows = [], [], []
+    excess_notes: list[str] = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UndefinedMetricWarning)
         for name, rds in data.items():
@@ -114,13 +143,16 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
                 for rd in rds:
                     cal = match_calibration(rd.run, calib, name)
                     cal_rd = rd if cal is None else table.run_data(cal, paired=False)
-                    r = selective.run(cal_rd.rho, cal_rd.correct, a)
+                    r = selective.run(cal_rd.rho, cal_rd.correct, cal_rd.item, a)
                     n_sel, e_sel = selection_counts(rd.rho, 1 - rd.correct, np.array([r.threshold]))
                     cov = float(n_sel[0] / rd.rho.size) if r.feasible else 0.0
                     risk = float(e_sel[0] / n_sel[0]) if n_sel[0] else NAN
                     per.append({"seed": rd.run.seed, "threshold": num(r.threshold), "coverage": num(cov),
                                 "risk": num(risk), "bound": num(r.bound_value), "feasible": r.feasible,
-                                "reason": r.reason})
+                                "reason": r.reason, "n_items": r.n_items})
+                    if r.feasible and risk > a:
+                        per[-1]["above_alpha"] = _excess(rd, r.threshold, a, selective)
+                        excess_notes.append(f"{name} seed {rd.run.seed}, α = {a}: {per[-1]['above_alpha']}")
                 res["sgr"][str(a)] = {"runs": per,
                                       "coverage": num(seed_mean([x["coverage"] if x["coverage"] is not None
                                                                   else NAN for x in per])),
@@ -137,9 +169,9 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
             for c in coverages:
                 rr, bb = [], []
                 for rd in rds:
-                    r, e, n = _risk_at(rd.rho, rd.correct, c)
+                    r, _, n = _risk_at(rd.rho, rd.correct, c)
                     rr.append(r)
-                    bb.append(risk_upper_bound(e, n, d_each, selective.bound) if n else NAN)  # type: ignore[arg-type]
+                    bb.append(_bound_at(rd, c, d_each, selective) if n else NAN)
                 risks.append(seed_mean(rr))
                 bounds.append(seed_mean(bb))
                 res["by_coverage"][str(c)] = {"risk": num(risks[-1]), "bound": num(bounds[-1])}
@@ -192,18 +224,24 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
     cmp_rows = [[f"{reference} − {n}", fmt_ci(*(v if v is not None else NAN for v in c["difference"].values())),
                  fmt(c["p_value"] if c["p_value"] is not None else NAN), fmt(nz(c.get("p_bh")))]
                 for n, c in results["comparisons"].items()]
-    md = [f"SGR: δ = {selective.delta}, {selective.bound} bound, δ split over the candidate grid; calibrated "
-          f"{calibration_source(calib)}; mean over seeds.", "",
+    md = [f"SGR: δ = {selective.delta}, {bound_unit(selective)}, δ split over the candidate grid; the selective "
+          f"risk is per trace; calibrated {calibration_source(calib)}; mean over seeds.", "",
           "**SGR operating points**", "",
           markdown_table(["Detector", "α", "Coverage", "Selective risk", "Bound", "Feasible"],
                          with_group_rows(sgr_rows)), "",
-          f"**Selective risk by coverage** (top-κ most confident; bound = one-sided {selective.bound} at "
-          f"δ/{len(coverages)})", "",
+          *(["Certified runs whose evaluated-split selective risk exceeds α (the certificate bounds the population "
+             "risk; the evaluated split is a finite sample of items):", "", *[f"- {n}" for n in excess_notes], ""]
+            if excess_notes else []),
+          f"**Selective risk by coverage** (top-κ most confident; bound = one-sided, SGR's bound at "
+          f"δ/{len(coverages)}, unit: {'base item' if 'base item' in bound_unit(selective) else 'trace'}; "
+          f"descriptive: the top κ are chosen on the same traces)", "",
           markdown_table(["Detector", *[f"κ={c:g}" for c in coverages]], with_group_rows(cov_rows)), "",
-          f"**Coverage-matched comparison at κ = {match_coverage}** (95 % cluster-bootstrap CI)", "",
+          f"**Coverage-matched comparison at κ = {match_coverage}** (95 % percentile bootstrap CI over base "
+          f"items)", "",
           markdown_table(["Detector", "Selective risk", "MFS"], with_group_rows(match_rows))]
     if cmp_rows:
-        md += ["", f"Paired cluster-bootstrap test of the risk difference ({n_resamples} resamples, BH q = {q}):", "",
+        md += ["", f"Paired bootstrap test of the risk difference over base items ({n_resamples} resamples; unit: "
+                   f"base item; BH q = {q}):", "",
                markdown_table(["Difference", "Estimate [95% CI]", "p", "p (BH)"], cmp_rows)]
     return Section(key, title, "\n".join(md), figures=figures, results=results)
 

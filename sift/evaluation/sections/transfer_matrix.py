@@ -120,8 +120,8 @@ def transfer_matrix(preds: Mapping[tuple[str, str], Predictions | Sequence[Predi
     where = ("diagonal = in-distribution" if layout == "square" else
              f"'{IN_DIST}' = each run's own in-distribution test split, other columns = held out")
     md = [f"AUROC, rows = trained on, columns = tested on ({setting}); {where}; 95 % cluster-bootstrap CI over "
-          f"the base items of each cell's test split. Mean transfer = mean of a row's held-out cells; gap = "
-          f"in-distribution − mean transfer.", "",
+          f"the base items of each cell's test split (unit: base item). Mean transfer = mean of a row's held-out "
+          f"cells; gap = in-distribution − mean transfer.", "",
           markdown_table(["Train \\ Test", *cols_n, "Mean transfer", "Gap"], rows_md), "",
           f"Mean in-distribution {fmt(nz(summary['mean_in_dist']))}, mean transfer "
           f"{fmt(nz(summary['mean_transfer']))}, gap {fmt(summary['gap'] if summary['gap'] is not None else NAN)}."]
