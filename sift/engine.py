@@ -27,7 +27,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from sift.errors import SiftError
+from sift.errors import PermanentError, SiftError
 
 #: ``fn(cfg_yaml, out, spec, gpu)`` → result; one call per job
 JobFn = Callable[..., Any]
@@ -140,9 +140,10 @@ def _run_local(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_d
 
     def failed(spec: Any, attempt: int, e: BaseException) -> bool:
         log = _failure_log(out, spec, attempt, e, labels)
-        print(f"[{labels.tag}] {labels.noun} {spec.key} failed (attempt {attempt}/{retries + 1}), log {log}",
-              flush=True)
-        return attempt <= retries  # retry?
+        permanent = isinstance(e, PermanentError)  # bad input: the same failure again on a retry
+        print(f"[{labels.tag}] {labels.noun} {spec.key} failed (attempt {attempt}/{retries + 1}"
+              f"{', not retried: ' + str(e) if permanent else ''}), log {log}", flush=True)
+        return attempt <= retries and not permanent  # retry?
 
     if workers <= 1:  # in this process (no GPU juggling: the trainer's own device choice applies)
         for spec in specs:
@@ -239,7 +240,8 @@ def _run_slurm(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_d
                     log = job.paths.stderr
                     print(f"[{labels.tag}] {labels.noun} {spec.key} failed (attempt {attempt}/{retries + 1}, SLURM job "
                           f"{job.job_id}), log {log}", flush=True)
-                    if attempt > retries:
+                    # a PermanentError in the job (its traceback is in the message) fails the same way again
+                    if attempt > retries or isinstance(e, PermanentError) or "PermanentError" in str(e):
                         raise SiftError(f"{labels.noun} {spec.key} failed {attempt} times on SLURM; last log {log}: "
                                         f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}") from e
                     still.append((ex.submit(fn, cfg_yaml, str(out), spec, None), spec, attempt + 1))

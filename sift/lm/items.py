@@ -88,6 +88,15 @@ def item_kinds() -> tuple[str, ...]:
     return tuple(ITEM_LOADERS)
 
 
+#: how a loader's message names its spec's config key; :func:`load_item_specs` puts in the index the user gave
+ITEM_KEY = "source.items.<i>"
+
+
+def _at_index(e: SiftError, i: int) -> SiftError:
+    """``e`` with :data:`ITEM_KEY` naming item source ``i`` (e.g. ``source.items.1.path``)."""
+    return type(e)(str(e).replace(ITEM_KEY, f"source.items.{i}"))
+
+
 def load_item_specs(specs: list[ItemSpec], n_items: int, seed: int = 0) -> list[LMItem]:
     """Items of every spec: ``spec.n`` each, or an equal share of ``n_items`` (the first specs take the rest)."""
     kinds = item_kinds()
@@ -102,7 +111,10 @@ def load_item_specs(specs: list[ItemSpec], n_items: int, seed: int = 0) -> list[
         if spec.kind not in kinds:
             raise SiftError(f"items[{i}].kind: unknown {spec.kind!r}; expected one of {', '.join(kinds)}")
         n = spec.n if spec.n is not None else left // len(free) + (free.index(i) < left % len(free))
-        got = ITEM_LOADERS[spec.kind](spec, n, seed)
+        try:
+            got = ITEM_LOADERS[spec.kind](spec, n, seed)
+        except SiftError as e:
+            raise _at_index(e, i) from e
         what = f"items[{i}] ({spec.kind}{' ' + spec.task if spec.task else ''})"
         if not got:
             raise SiftError(f"{what}: no items")
@@ -374,5 +386,5 @@ def load_items(path: str | Path, fmt: str, n: int | None = None) -> list[LMItem]
 
 
 __all__ = ["FORMATS", "ITEM_LOADERS", "RECORD_READERS", "ItemSpec", "LMItem", "from_reasoning_gym", "item_kinds",
-           "load_item_specs", "register_item_loader", "load_bbh", "load_commonsenseqa", "load_gsm8k",
+           "ITEM_KEY", "load_item_specs", "register_item_loader", "load_bbh", "load_commonsenseqa", "load_gsm8k",
            "load_items", "load_math"]

@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from sift.errors import SiftError
+from sift.errors import PermanentError, SiftError
 
 GGUF_MAGIC = b"GGUF"
 
@@ -28,6 +28,153 @@ GGUF_MAGIC = b"GGUF"
 def is_gguf(path: Path) -> bool:
     with open(path, "rb") as fh:
         return fh.read(4) == GGUF_MAGIC
+
+
+# GGUF metadata value types: struct format of the fixed-size ones (8 = string, 9 = array)
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+class _Header:
+    """A little-endian reader over a GGUF file's header (raises EOFError past the end)."""
+
+    def __init__(self, fh):
+        self.fh = fh
+
+    def read(self, fmt: str):
+        import struct
+
+        n = struct.calcsize("<" + fmt)
+        b = self.fh.read(n)
+        if len(b) < n:
+            raise EOFError
+        return struct.unpack("<" + fmt, b)[0]
+
+    def string(self) -> str:
+        n = self.read("Q")
+        if n > 1 << 24:
+            raise ValueError(f"a string of {n} bytes")
+        b = self.fh.read(n)
+        if len(b) < n:
+            raise EOFError
+        return b.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int):
+        if vtype in _GGUF_SCALARS:
+            return self.read(_GGUF_SCALARS[vtype])
+        if vtype == 8:
+            return self.string()
+        if vtype == 9:
+            etype, n = self.read("I"), self.read("Q")
+            items = [self.value(etype) for _ in range(n)]
+            return items if n <= 16 else None  # long arrays (the vocabulary) are skipped, not kept
+        raise ValueError(f"unknown metadata value type {vtype}")
+
+
+def gguf_header(path: str | Path) -> dict:
+    """The header of a GGUF file: ``metadata`` (short values only), and ``data_end``, the byte where its tensor
+    data ends (None when a tensor type's size is unknown); raises EOFError for a file cut inside its header."""
+    try:
+        from gguf.constants import GGML_QUANT_SIZES  # (block size, bytes per block) per tensor type
+        sizes = {int(k): v for k, v in GGML_QUANT_SIZES.items()}
+    except ImportError:  # pragma: no cover  (transformers needs the gguf package to read GGUF files anyway)
+        sizes = {}
+    with open(path, "rb") as fh:
+        h = _Header(fh)
+        if fh.read(4) != GGUF_MAGIC:
+            raise ValueError("no GGUF magic bytes")
+        version = h.read("I")
+        n_tensors, n_kv = h.read("Q"), h.read("Q")
+        meta = {}
+        for _ in range(n_kv):
+            key = h.string()
+            meta[key] = h.value(h.read("I"))
+        end: int | None = 0
+        for _ in range(n_tensors):
+            h.string()
+            dims = [h.read("Q") for _ in range(h.read("I"))]
+            ttype, offset = h.read("I"), h.read("Q")
+            n = 1
+            for d in dims:
+                n *= d
+            if ttype in sizes and end is not None:
+                block, nbytes = sizes[ttype]
+                end = max(end, offset + n // block * nbytes)
+            else:
+                end = None
+        align = int(meta.get("general.alignment") or 32)
+        start = -(-fh.tell() // align) * align
+    return {"version": version, "metadata": meta, "tensors": n_tensors,
+            "data_end": None if end is None else start + end}
+
+
+def check_gguf(path: str | Path) -> None:
+    """Refuse a GGUF file that is not one, or that is shorter than its header says (a truncated download or
+    copy), naming the file and both sizes."""
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        head = gguf_header(path)
+    except EOFError:
+        raise PermanentError(f"{path}: truncated GGUF file ({size:,} bytes end inside its header)") from None
+    except (ValueError, OSError) as e:
+        raise PermanentError(f"{path}: not a readable GGUF file ({e})") from None
+    if head["data_end"] is not None and head["data_end"] > size:
+        raise PermanentError(f"{path}: truncated GGUF file: {size:,} bytes, its header needs "
+                             f"{head['data_end']:,} (copy or download it again)")
+
+
+def model_name(name_or_path: str) -> str:
+    """The name traces and reports give a model: a GGUF file's stem (e.g. ``qwen2.5-coder-0.5b-instruct-q4_k_m``),
+    a converted GGUF folder's source stem, a folder's ``_name_or_path`` from its config.json when that is a hub
+    name (else the folder's name), a hub name as given."""
+    path = Path(os.path.expanduser(name_or_path.rstrip("/")))
+    if path.is_file():
+        return path.stem.lower() if path.suffix.lower() == ".gguf" else path.name
+    if path.is_dir():
+        try:
+            src = json.loads((path / RECORD).read_text()).get("source")
+            return Path(src).stem.lower()
+        except (OSError, ValueError, AttributeError, TypeError):
+            pass
+        try:
+            named = str(json.loads((path / "config.json").read_text()).get("_name_or_path") or "")
+        except (OSError, ValueError, AttributeError):
+            named = ""
+        return named if named and not _looks_like_path(named) and not Path(named).is_absolute() else path.name
+    return name_or_path
+
+
+def check_model(name_or_path: str) -> None:
+    """Fail at once, naming the model, if it cannot be loaded: a missing or unreadable path, a file that is not a
+    GGUF (magic bytes) or is truncated, a folder without config.json, a hub name not in the local cache."""
+    path = Path(os.path.expanduser(name_or_path))
+    if path.exists():
+        if not os.access(path, os.R_OK):
+            raise PermanentError(f"{path}: cannot read the model (permission denied)")
+        if path.is_file():
+            try:
+                gguf = is_gguf(path)
+            except OSError as e:
+                raise PermanentError(f"{path}: cannot read the model ({e.strerror or e})") from None
+            if not gguf:
+                raise PermanentError(f"{path}: not a GGUF file (expected the magic bytes 'GGUF'); "
+                                     "pass a model folder or a .gguf file")
+            check_gguf(path)
+        elif not (path / "config.json").exists():
+            raise PermanentError(f"{path}: no config.json; not a Hugging Face model folder")
+        return
+    if _looks_like_path(name_or_path):
+        raise PermanentError(f"model path does not exist: {name_or_path}")
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(name_or_path, "config.json")
+    except Exception:  # an invalid repo id
+        found = None
+    if not isinstance(found, str):
+        raise PermanentError(f"model {name_or_path!r} is neither a local path nor in the local Hugging Face cache; "
+                             "sift never downloads at run time — fetch it beforehand or pass a local folder or "
+                             ".gguf file")
 
 
 HASH_BLOCK = 8 << 20  # GGUF files are hashed in 8 MB blocks
@@ -142,8 +289,9 @@ def convert_gguf(path: str | Path) -> Path:
             try:
                 _gguf_to_folder(path, tmp)
             except Exception as e:  # transformers raises many types for a bad GGUF
-                raise SiftError(f"{path}: could not load GGUF model ({type(e).__name__}: "
-                                f"{(str(e).splitlines() or [''])[0]})") from e
+                raise PermanentError(f"{path} ({path.stat().st_size:,} bytes): could not load GGUF model "
+                                     f"({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); a truncated file "
+                                     f"fails so (copy or download it again)") from e
             import transformers
 
             from sift import __version__
@@ -218,26 +366,24 @@ def load_causal_lm(name_or_path: str, *, device: str = "cpu", dtype: str | None 
         kwargs["dtype"] = getattr(torch, dtype)
     path = Path(os.path.expanduser(name_or_path))
     if path.is_file():
-        if not is_gguf(path):
-            raise SiftError(f"{path}: not a GGUF file (expected the magic bytes 'GGUF'); "
-                            "pass a model folder or a .gguf file")
+        check_model(str(path))
         path = convert_gguf(path)  # de-quantised once, then loaded as a model folder
     if path.is_dir():
         if not (path / "config.json").exists():
-            raise SiftError(f"{path}: no config.json; not a Hugging Face model folder")
+            raise PermanentError(f"{path}: no config.json; not a Hugging Face model folder")
         try:
             tok = AutoTokenizer.from_pretrained(str(path), **kwargs)
             model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
         except Exception as e:
-            raise SiftError(f"{path}: could not load model ({type(e).__name__}: {str(e).splitlines()[0]})") from e
+            raise PermanentError(f"{path}: could not load model ({type(e).__name__}: {str(e).splitlines()[0]})") from e
     elif _looks_like_path(name_or_path):
-        raise SiftError(f"model path does not exist: {name_or_path}")
+        raise PermanentError(f"model path does not exist: {name_or_path}")
     else:
         try:
             tok = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(name_or_path, **kwargs)
         except Exception as e:
-            raise SiftError(
+            raise PermanentError(
                 f"model {name_or_path!r} is neither a local path nor in the local Hugging Face cache; sift never "
                 f"downloads at run time — fetch it beforehand or pass a local folder or .gguf file") from e
     if tok.pad_token_id is None:

@@ -49,17 +49,28 @@ from sift.corpus.axes import AXES, generated_axes
 from sift.corpus.config import HFCorpusConfig
 from sift.corpus.manifest import build_manifest
 from sift.corpus.pairs import build_pairs
+from sift.corpus.real_labels import (
+    RULES,
+    LabelPolicy,
+    agreement_by_model_and_domain,
+    label_summary,
+    label_trace,
+    verdicts,
+)
 from sift.corpus.sources import register_source
 from sift.corpus.store import engine_config, run_chunks, write_corpus
-from sift.corpus.verify import label_records
 from sift.errors import SiftError
+from sift.lm.edit_targets import EditTarget, intermediate_spans, result_span
 from sift.lm.items import LMItem, load_item_specs
-from sift.lm.loading import resolve_dtype
-from sift.lm.parsing import answer_line_start, last_value_span, normalize_number, parse_answer
+from sift.lm.loading import model_name, resolve_dtype
+from sift.lm.parsing import answer_line_start, normalize_number, parse_answer
 from sift.lm.prompts import ANSWER_PREFIX, BUDGETS, DECISIVE_FORMAT, TEMPLATES, LMView, cue_formats_for, mentions_cue
 from sift.lm.prompts import prompt_ids as render_prompt_ids
 from sift.lm.views import shown_item
 from sift.provenance import config_hash, model_fingerprint
+
+#: bump when generation or verification changes the records, so that stale chunks are not reused
+PIPELINE_VERSION = 2
 
 # ------------------------------------------------------------------------------------------------- model side
 
@@ -68,10 +79,11 @@ class LMSource:
 
     def __init__(self, family: str, model, tokenizer, model_id: str, *, batch_size: int = 8,
                  system_prompt: str | None = None, backend: str = "hf", device: str = "cpu",
-                 dtype: str | None = None, response_prefix: str = ""):
+                 dtype: str | None = None, response_prefix: str = "", model_name: str | None = None):
         from sift.lm.generation import make_backend
 
         self.family, self.model, self.tokenizer, self.model_id = family, model, tokenizer, model_id
+        self.model_name = model_name or model_id  # what traces call the model (never a local path)
         self.batch_size, self.system_prompt, self.response_prefix = batch_size, system_prompt, response_prefix
         if tokenizer.pad_token_id is None:
             raise SiftError(f"model {model_id}: the tokenizer has neither a pad nor an eos token")
@@ -85,11 +97,12 @@ class LMSource:
     def load(cls, family: str, name_or_path: str, *, device: str = "cpu", dtype: str | None = None,
              batch_size: int = 8, system_prompt: str | None = None, backend: str = "hf",
              response_prefix: str = "") -> LMSource:
-        from sift.lm.loading import load_causal_lm
+        from sift.lm.loading import load_causal_lm, model_name
 
         model, tok = load_causal_lm(name_or_path, device=device, dtype=dtype)
         return cls(family, model, tok, name_or_path, batch_size=batch_size, system_prompt=system_prompt,
-                   backend=backend, device=device, dtype=dtype, response_prefix=response_prefix)
+                   backend=backend, device=device, dtype=dtype, response_prefix=response_prefix,
+                   model_name=model_name(name_or_path))
 
     def prompt_ids(self, item: LMItem, view: LMView) -> list[int]:
         return render_prompt_ids(self.tokenizer, item, view, self.system_prompt, self.response_prefix)
@@ -283,53 +296,158 @@ def trace_record(src: LMSource, item: LMItem, view: LMView, condition: str, prom
     ax = AXES[condition]
     return {
         "trace_id": f"{src.family}|{item.item_id}|{condition}|{cfg.seed}",
-        "base_item": item.item_id, "domain": item.domain, "model": src.model_id, "family": src.family,
+        "base_item": item.item_id, "domain": item.domain, "model": src.model_name, "family": src.family,
         "condition": condition, "seed": cfg.seed, "view": view.to_dict(),
         "prompt": src.decode(prompt), "prompt_ids": list(prompt), "generated_ids": list(new_ids),
         "cot": src.decode(new_ids[:cot_end]), "cot_span": [0, cot_end], "answer": answer,
         "gold_answer": item.answer, "correct": answer == item.answer,
         "cue": None if view.cue_value is None else {"value": view.cue_value, "format": view.cue_format},
         "intended_phi": ax.direction[1] if ax.kind == "altering" else None,
-        "provenance": {"config_hash": chash, "model_id": src.model_id, "seed": cfg.seed, "sift_version": __version__},
+        "provenance": {"config_hash": chash, "model_id": src.model_name, "seed": cfg.seed,
+                       "sift_version": __version__},
     }
+
+
+def _edited_ids(src: LMSource, cot_ids: list[int], cot: str, s: int, e: int, text: str,
+                stop: int | None = None) -> tuple[list[int], str]:
+    """The CoT ids kept token for token up to character ``s``, then ``cot[s:e]`` replaced by ``text`` and the rest
+    re-encoded (up to character ``stop`` of the edited text; None: all); also the edited text."""
+    j = token_index(src, cot_ids, s, cot)
+    head = src.decode(cot_ids[:j])
+    edited = cot[:s] + text + cot[e:]
+    return cot_ids[:j] + src.encode(edited[len(head):stop]), edited[:stop]
+
+
+def _replacement(item: LMItem, cot: str, target: EditTarget, new: str) -> str:
+    """``new`` written as the CoT wrote the value it replaces (an option stated by its text: the other option's
+    text)."""
+    if target.vkind == "choice_text":
+        return dict(item.choices or ())[new].strip().rstrip(".")
+    return _restyle(cot[target.start:target.end], new, target.vkind)
+
+
+def _plan_tests(src: LMSource, r: dict, item: LMItem, view: LMView, cfg: HFCorpusConfig,
+                jobs: dict[str, list]) -> None:
+    """Fill ``r["_tests"]`` with what is known before any re-decode and queue the trace's interventions in ``jobs``
+    (``redecode``: (k, tag, prefix ids); ``generate``: (k, tag, prompt ids, head text))."""
+    k = r["_k"]
+    cot_ids = r["generated_ids"][: r["cot_span"][1]]
+    cot = src.decode(cot_ids)
+    tests: dict[str, Any] = {"mentions_cue": mentions_cue(cot)}
+    r["_tests"] = tests
+    cue = (r["cue"] or {}).get("value")
+    target = result_span(cot, item.answer_kind, question=item.question, labels=_labels(item) or None,
+                         choices=item.choices)
+    if isinstance(target, str):
+        tests["no_target_reason"] = target
+        target = None
+    else:
+        tests.update(edit_span=[target.start, target.end], edit_original=cot[target.start:target.end],
+                     edit_target=target.how)
+        akind = "choice" if target.vkind == "choice_text" else target.vkind
+        new = alternative(target.value, akind, {r["answer"], cue}, f"edit:{r['trace_id']}", _labels(item) or "ABCDE")
+        if new is not None:
+            ids, edited = _edited_ids(src, cot_ids, cot, target.start, target.end, _replacement(item, cot, target, new))
+            tests["edit_value"] = new
+            jobs["redecode"].append((k, "edit", r["prompt_ids"] + ids + src.answer_prefix(edited)))
+    new_cue = None
+    if cue is not None:
+        new_cue = alternative(cue, item.answer_kind, {r["answer"], target.value if target else None},
+                              f"cue:{r['trace_id']}", _labels(item))
+        if new_cue is not None:
+            tests["cue_value"] = new_cue
+            prompt = src.prompt_ids(r["_item"], view.with_(cue_value=new_cue))
+            jobs["redecode"].append((k, "cue", prompt + cot_ids + src.answer_prefix(cot)))
+    forced_at_limit = bool(r.get("forced_answer")) and r["condition"] != "causal_truncation"
+    if target is None or r["answer"] is None or (forced_at_limit and not cfg.label_forced):
+        return  # ambiguous whatever the other tests say: they are not run
+    if "early" in cfg.interventions and len(cot_ids) >= 3:
+        n = len(cot_ids)
+        tests["early"] = [{"at": f"{i}/3", "tokens": round(n * i / 3), "answer": None} for i in (1, 2)]
+        for i, e in enumerate(tests["early"]):
+            cut = cot_ids[:e["tokens"]]
+            jobs["redecode"].append((k, f"early{i}", r["prompt_ids"] + cut + src.answer_prefix(src.decode(cut))))
+    if "mistake" in cfg.interventions:
+        steps = intermediate_spans(cot, target.start)
+        if steps:
+            step = steps[-1]  # the last computed value before the result: the step the result is built on
+            bad = alternative(step.value, "numeric", set(), f"mistake:{r['trace_id']}")
+            if bad is not None:
+                text = _restyle(cot[step.start:step.end], bad, "numeric")
+                ids, head = _edited_ids(src, cot_ids, cot, step.start, step.end, text, stop=step.start + len(text))
+                tests["mistake"] = {"span": [step.start, step.end], "original": cot[step.start:step.end],
+                                    "value": bad, "answer": None, "continuation": None}
+                jobs["generate"].append((k, "mistake", r["prompt_ids"] + ids, head))
+    if "rationalised" in cfg.interventions and new_cue is not None \
+            and target.value == cue and not tests["mentions_cue"]:  # the cue's value stated as its own result
+        tests["rationalised"] = {"cue_value": new_cue, "cot_result": None, "mentions_cue": None, "moved": False,
+                                 "cot": None}
+        jobs["generate"].append((k, "rationalised", src.prompt_ids(r["_item"], view.with_(cue_value=new_cue)), ""))
+
+
+def _run_generations(src: LMSource, records: list[dict], items: list[LMItem], jobs: list[tuple],
+                     cfg: HFCorpusConfig) -> None:
+    """The interventions that let the model write again: the CoT after a corrupted step (``mistake``, its answer
+    forced if it reaches the limit without one) and the CoT under a changed cue (``rationalised``)."""
+    if not jobs:
+        return
+    outs = src.generate([p for _, _, p, _ in jobs], max_new_tokens=cfg.max_new_tokens, do_sample=False)
+    force = []
+    for (k, tag, prompt, head), ids in zip(jobs, outs):
+        item, t = items[k], records[k]["_tests"]
+        text = src.decode(ids)
+        if tag == "mistake":
+            t["mistake"]["continuation"] = text
+            t["mistake"]["answer"] = parse_answer(text, item.answer_kind, choices=item.choices)
+            if t["mistake"]["answer"] is None and answer_line_start(text) is None:
+                force.append((k, prompt + ids + src.answer_prefix(head + text)))
+            continue
+        start = answer_line_start(text)
+        cot2 = text if start is None else text[:start]
+        res = result_span(cot2, item.answer_kind, question=item.question, labels=_labels(item) or None,
+                          choices=item.choices)
+        rat = t["rationalised"]
+        rat.update(cot=cot2, mentions_cue=mentions_cue(cot2), cot_result=None if isinstance(res, str) else res.value)
+        rat["moved"] = rat["cot_result"] == rat["cue_value"] and not rat["mentions_cue"]
+    if force:
+        got = src.redecode([p for _, p in force], [items[k].answer_kind for k, _ in force], cfg.answer_tokens,
+                           [items[k].choices for k, _ in force])
+        for (k, _), (ans, _) in zip(force, got):
+            records[k]["_tests"]["mistake"].update(answer=ans, forced=True)
 
 
 def verify_records(src: LMSource, records: list[dict], views: list[LMView], items: dict[str, LMItem],
                    cfg: HFCorpusConfig) -> None:
-    """CoT-edit and cue-change interventions (two batched greedy re-decodes); fills ``phi`` and ``verification``."""
-    edit_jobs, cue_jobs = [], []  # (record index, new value, value kind, prefix ids)
+    """The label's interventions (:mod:`sift.corpus.real_labels`): the CoT edit of the model's own stated result,
+    the cue change and early answering (batched greedy answer re-decodes), an intermediate mistake and the cue's
+    value changed before the CoT (batched generations); fills ``phi`` and ``verification``."""
+    jobs: dict[str, list] = {"redecode": [], "generate": []}
+    shown = []
     for k, (r, view) in enumerate(zip(records, views)):
         item = shown_item(items[r["base_item"]], view)
-        cot_ids = r["generated_ids"][: r["cot_span"][1]]
-        cot = src.decode(cot_ids)
-        r["_tests"] = {"mentions_cue": mentions_cue(cot)}
-        cue = (r["cue"] or {}).get("value")
-        span = last_value_span(cot, item.answer_kind, _labels(item) or None, item.choices)
-        if span is not None:
-            s, e, val, vkind = span
-            akind = "choice" if vkind == "choice_text" else vkind
-            new = alternative(val, akind, {r["answer"], cue}, f"edit:{r['trace_id']}", _labels(item) or "ABCDE")
-            if new is not None:
-                j = token_index(src, cot_ids, s, cot)
-                head = src.decode(cot_ids[:j])
-                # an option stated by its text is replaced by another option's text; the answer should follow it
-                text = dict(item.choices or ())[new].strip().rstrip(".") if vkind == "choice_text" \
-                    else _restyle(cot[s:e], new, vkind)
-                edited = cot[:s] + text + cot[e:]
-                ids = cot_ids[:j] + src.encode(edited[len(head):])
-                edit_jobs.append((k, new, akind, r["prompt_ids"] + ids + src.answer_prefix(edited)))
-                r["_tests"]["edit_span"] = [s, e]
-        if cue is not None:
-            new = alternative(cue, item.answer_kind, {r["answer"], span[2] if span else None},
-                              f"cue:{r['trace_id']}", _labels(item))
-            if new is not None:
-                prompt = src.prompt_ids(items[r["base_item"]], view.with_(cue_value=new))
-                cue_jobs.append((k, new, item.answer_kind, prompt + cot_ids + src.answer_prefix(cot)))
-    jobs = edit_jobs + cue_jobs
-    got = src.redecode([p for *_, p in jobs], [kd for _, _, kd, _ in jobs], cfg.answer_tokens,
-                       [shown_item(items[records[k]["base_item"]], views[k]).choices for k, *_ in jobs])
-    label_records(records, [(k, new, ans) for (k, new, _, _), (ans, _) in zip(edit_jobs, got[:len(edit_jobs)])],
-                  [(k, new, ans) for (k, new, _, _), (ans, _) in zip(cue_jobs, got[len(edit_jobs):])])
+        shown.append(item)
+        r["_k"], r["_item"] = k, items[r["base_item"]]
+        _plan_tests(src, r, item, view, cfg, jobs)
+    red = jobs["redecode"]
+    got = src.redecode([p for *_, p in red], [shown[k].answer_kind for k, *_ in red], cfg.answer_tokens,
+                       [shown[k].choices for k, *_ in red])
+    for (k, tag, _), (ans, _) in zip(red, got):
+        t = records[k]["_tests"]
+        if tag == "edit":
+            t.update(edit_answer=ans, edit_follows=ans == t["edit_value"])
+        elif tag == "cue":
+            t.update(cue_answer=ans, cue_follows=ans == t["cue_value"])
+        else:
+            t["early"][int(tag[-1])]["answer"] = ans
+    _run_generations(src, records, shown, jobs["generate"], cfg)
+    policy = LabelPolicy(label_forced=cfg.label_forced, rationalised_is_unfaithful=cfg.rationalised_is_unfaithful)
+    for r in records:
+        del r["_k"], r["_item"]
+        t = r.pop("_tests")
+        forced = bool(r.get("forced_answer")) and r["condition"] != "causal_truncation"
+        phi, reason = label_trace(r["answer"], t, forced_at_limit=forced, policy=policy)
+        r["phi"] = phi
+        r["verification"] = {"reason": reason, "rule": RULES[reason], **t, "verdicts": verdicts(r["answer"], t)}
 
 
 # ------------------------------------------------------------------------------------------------- chunks
@@ -500,10 +618,15 @@ def build_hf_corpus(cfg: HFCorpusConfig, out_dir: str | Path, progress: bool = T
 def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources: dict[str, LMSource] | None,
                        engine: DictConfig | None) -> dict[str, Any]:
     cfg.validate()
+    from sift.lm.loading import check_model
+
+    for m in cfg.models:  # a missing, unreadable, non-GGUF or truncated model fails here, before any chunk job
+        check_model(m)
     labels = cfg.labels()
     # model fingerprints (weights of a folder or file; the name for a cached hub model) are part of the key
     # ... and the resolved dtype (auto gives bfloat16 or float32 by hardware, with different ids)
-    chash = config_hash({**asdict(cfg), "models": [model_fingerprint(m) for m in cfg.models],
+    chash = config_hash({**asdict(cfg), "pipeline_version": PIPELINE_VERSION,
+                         "models": [model_fingerprint(m) for m in cfg.models],
                          "dtype": resolve_dtype(cfg.dtype, cfg.device)})
     parts = out_dir / ".parts"
     parts.mkdir(parents=True, exist_ok=True)
@@ -543,7 +666,13 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
         "seconds": round(gen_seconds, 1), "chunks_built": len(chunks) - reused,
         "tokens_per_s": round(tokens / gen_seconds, 2) if reused == 0 and gen_seconds > 0 else None,
         "traces_per_s": round(len(records) / gen_seconds, 3) if reused == 0 and gen_seconds > 0 else None}
-    manifest["models"] = dict(zip(labels, cfg.models))
+    manifest["models"] = dict(zip(labels, cfg.models))  # where each model was loaded from (stages reload them)
+    manifest["model_names"] = {fam: model_name(m) for fam, m in zip(labels, cfg.models)}
+    manifest["labels"] = {"policy": {"label_forced": cfg.label_forced,
+                                     "rationalised_is_unfaithful": cfg.rationalised_is_unfaithful,
+                                     "interventions": list(cfg.interventions)},
+                          "rules": RULES, "by_model": label_summary(records)}
+    manifest["intervention_agreement"] = agreement_by_model_and_domain(records)
     manifest["items"] = {"sources": [asdict(s) for s in cfg.item_specs()], "n": len(items),
                          "by_domain": dict(Counter(it.domain for it in items)),
                          "with_translations": sum(bool(it.translations) for it in items)}
@@ -559,6 +688,9 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
     for c in manifest["not_applicable"]:
         manifest["axes"][c]["not_applicable"] = True
     write_corpus(out_dir, records, pairs, manifest)
+    from sift.corpus.label_audit import write_label_audit
+
+    write_label_audit(out_dir / "label_audit.html", records, manifest)
     return manifest
 
 
