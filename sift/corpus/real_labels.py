@@ -196,6 +196,6 @@ def _count(values) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-__all__ = ["AMBIGUOUS_REASONS", "DEPENDENCE_TESTS", "LabelPolicy", "RULES", "TESTS", "agreement_by_model_and_domain", "cue_verdict",
-           "early_verdict", "edit_verdict", "label_summary", "label_trace", "mistake_verdict", "pairwise_agreement",
-           "verdicts"]
+__all__ = ["AMBIGUOUS_REASONS", "DEPENDENCE_TESTS", "LabelPolicy", "RULES", "TESTS", "agreement_by_model_and_domain",
+           "cue_verdict", "early_verdict", "edit_verdict", "label_summary", "label_trace", "mistake_verdict",
+           "pairwise_agreement", "verdicts"]

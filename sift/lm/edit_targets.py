@@ -41,6 +41,9 @@ _OPERATOR = re.compile(r"\d\s*[-+*/×x÷^]\s*[\d(]|\\(?:times|cdot|div|frac)|\(|
 _MORE_TERMS = re.compile(r"\s*[-+*/×÷^]\s*[\d(]")
 # sentence ends: a full stop not inside a number, "!", "?", or a line break
 _SENTENCE_END = re.compile(r"(?<!\d)\.(?!\d)|[!?\n]")
+# clause ends inside a sentence that can turn from a quoted cue to the model's own work ("..., but 24 + 6 = 30")
+_CLAUSE_END = re.compile(r"(?<!\d)\.(?!\d)|[!?\n;]|,\s*(?=(?:but|however|yet|though|although|while)\b)",
+                         re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -59,12 +62,12 @@ def _number_value(m: re.Match) -> str | None:
     return normalize_number(("-" if m.group(1) else "") + m.group(2) + (f"/{m.group(3)}" if m.group(3) else ""))
 
 
-def sentence_bounds(text: str, pos: int) -> tuple[int, int]:
-    """[start, end) of the sentence (or line) holding character ``pos``."""
+def sentence_bounds(text: str, pos: int, ends: re.Pattern = _SENTENCE_END) -> tuple[int, int]:
+    """[start, end) of the sentence (or line; with ``ends`` another unit) holding character ``pos``."""
     start = 0
-    for m in _SENTENCE_END.finditer(text, 0, pos):
+    for m in ends.finditer(text, 0, pos):
         start = m.end()
-    m = _SENTENCE_END.search(text, pos)
+    m = ends.search(text, pos)
     return start, (m.start() if m else len(text))
 
 
@@ -76,8 +79,9 @@ def label_spans(text: str) -> list[tuple[int, int]]:
 
 
 def cue_sentence_spans(text: str) -> list[tuple[int, int]]:
-    """Spans of the sentences that name a cue (hint, professor, suggested answer, ...)."""
-    return [sentence_bounds(text, m.start()) for m in CUE_MENTION.finditer(text)]
+    """Spans of the clauses that name a cue (hint, professor, suggested answer, ...): a sentence, or its part up
+    to a turn such as ", but" ("The hint says 30, but 24 + 6 = 30": only the first part quotes the cue)."""
+    return [sentence_bounds(text, m.start(), _CLAUSE_END) for m in CUE_MENTION.finditer(text)]
 
 
 def question_numbers(question: str) -> set[str]:
@@ -131,7 +135,10 @@ def _conclusion_numbers(text: str) -> list[tuple[int, int, str]]:
     out = []
     for num in _NUMBER.finditer(text):
         s, _ = sentence_bounds(text, num.start())
-        if _CONCLUSION.search(text[s:num.start()]) and (val := _number_value(num)) is not None:
+        before = text[s:num.start()]
+        in_expression = (_MORE_TERMS.match(text, num.end()) or re.match(r"\s*=", text[num.end():])
+                         or re.search(r"[-+*/×÷^]\s*$", before))  # an operand, not a stated result
+        if _CONCLUSION.search(before) and not in_expression and (val := _number_value(num)) is not None:
             out.append((num.start(), num.end(), val))
     return out
 

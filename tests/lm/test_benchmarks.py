@@ -231,6 +231,12 @@ def test_bigbench_errors(sdist, tmp_path):
             _bb(path, "toy_parent")
     with pytest.raises(SiftError, match="bigbench: path is required"):
         load_bigbench(ItemSpec(kind="bigbench", task="toy_mc"), 3, 0)
+    # the hint names the item source the user gave (its index in source.items), not always the first
+    from sift.lm.items import load_item_specs
+
+    specs = [ItemSpec(kind="reasoning_gym", task="basic_arithmetic", n=2), ItemSpec(kind="bigbench", task="toy_mc")]
+    with pytest.raises(SiftError, match=r"e\.g\. source\.items\.1\.path=/data/bigbench"):
+        load_item_specs(specs, 4, 0)
     with pytest.raises(SiftError, match="bigbench: task is required"):
         _bb(tgz, " , ")
     with pytest.raises(SiftError, match="path does not exist"):

@@ -1,0 +1,119 @@
+"""The CoT edit targets the model's own stated result, on CoT shapes real models write (sift.lm.edit_targets)."""
+
+import pytest
+
+from sift.lm.edit_targets import EditTarget, intermediate_spans, label_spans, result_span
+
+SPORTS = (("A", "plausible"), ("B", "implausible"))
+
+
+def _hit(cot, kind="numeric", **kw):
+    t = result_span(cot, kind, **kw)
+    assert isinstance(t, EditTarget), t
+    return cot[t.start:t.end], t.value, t.how
+
+
+@pytest.mark.parametrize("cot,question,want", [
+    # the measured failure: the last number was the label of "Step 4"
+    ("5 - 9 = -4\nStep 4: Write the final answer.\n", "What is 5 - 9?", ("-4", "-4", "equation")),
+    ("Step 1: 3 + 4 = 7\nStep 2: 7 * 2 = 14\nStep 3: The final answer is ready.\n", "", ("14", "14", "equation")),
+    # numbered list
+    ("1. Add: 3 + 4 = 7\n2. Double it: 7 * 2 = 14\n3. Done.\n", "", ("14", "14", "equation")),
+    # Markdown headers and bold
+    ("### Step 1: Count\nJohn has 12 apples.\n### Step 2: Subtract\n**12 - 5 = 7**\n### Step 3\n",
+     "John has 12 apples and eats 5. How many are left?", ("7", "7", "equation")),
+    # \boxed{} in the CoT
+    ("The total is 3 + 4 + 5.\nSo we get \\boxed{12}\n", "", ("12", "12", "boxed")),
+    # a conclusion sentence after an unfinished expression
+    ("Total = 3 + 4\nSo the answer is 7.\n", "", ("7", "7", "conclusion")),
+    # the quoted hint is skipped: the model's own result stands
+    ("12 * 11 = 132.\nA Stanford professor thinks the answer is 135. This is correct.\n", "What is 12 * 11?",
+     ("132", "132", "equation")),
+    ("Step 1: 48 / 2 = 24\nStep 2: The hint says the answer is 30, but 24 + 6 = 30.\n", "",
+     ("30", "30", "equation")),
+    # thousands separators, currency and units
+    ("Revenue = $1,200 - $300 = $900\n", "", ("900", "900", "equation")),
+    ("Speed = 120 km / 2 h = 60 km/h\n", "", ("60", "60", "equation")),
+    # a result stated in words after the computation
+    ("3 + 4 = 7\nSo she has 7 apples left in total.\n", "", ("7", "7", "conclusion")),
+])
+def test_numeric_targets(cot, question, want):
+    assert _hit(cot, question=question) == want
+
+
+@pytest.mark.parametrize("cot,question,why", [
+    ("Step 1: Read the question.\nStep 2: Think.\nStep 3:\n", "", "no equation"),
+    # a CoT cut at the token limit inside an expression: its operands are no result
+    ("So the total time is \\(30 + 40 =", "", "no equation"),
+    ("Step 1: A Stanford professor thinks the answer is 135.\n", "", "quoted from the cue"),
+    # a premise restated as a conclusion is not the model's result
+    ("So John has 12 apples.\n", "John has 12 apples and eats 5.", "copied from the question"),
+])
+def test_no_stated_result(cot, question, why):
+    got = result_span(cot, "numeric", question=question)
+    assert isinstance(got, str) and why in got
+
+
+def test_never_a_step_or_list_label():
+    cot = "### Step 2\n1. Step 3 is next\n2) see step 4\n**Step 5**: go\n"
+    labels = {cot[s:e] for s, e in label_spans(cot)}
+    assert labels == {"2", "1", "3", "4", "5"}
+    assert isinstance(result_span(cot, "numeric"), str)
+
+
+@pytest.mark.parametrize("cot,want", [
+    # multiple choice by text; the option list copied from the question is skipped
+    ("Options:\n(A) plausible\n(B) implausible\nHe is a hockey player, so the sentence is implausible.\n",
+     ("implausible", "B", "choice_text")),
+    ("So the answer is (B).\n", ("B", "B", "choice")),
+    ("The sentence is plausible because he plays football.\nTherefore, the answer is A because of that.\n",
+     ("A", "A", "choice")),
+    # "not plausible" is stated by the text; "implausible" never matches inside the word
+    ("Joao Moutinho is a soccer player, so plausible.\n", ("plausible", "A", "choice_text")),
+])
+def test_choice_targets(cot, want):
+    cot_text, value, how = _hit(cot, "choice", choices=SPORTS)
+    t = result_span(cot, "choice", choices=SPORTS)
+    assert (cot_text, value, t.vkind) == want and how == "option"
+
+
+def test_choice_quoted_from_the_cue_is_not_a_target():
+    got = result_span("A Stanford professor thinks the answer is (A).\n", "choice", choices=SPORTS)
+    assert isinstance(got, str) and "quoted from the cue" in got
+
+
+def test_boolean_target_skips_the_cue():
+    cot = "The claim holds, so it is true.\nYou think the answer is False, but I am not sure.\n"
+    t = result_span(cot, "boolean")
+    assert cot[t.start:t.end] == "true" and t.value == "True"
+
+
+def test_intermediate_values_for_adding_mistakes():
+    cot = "Step 1: 3 + 4 = 7\nStep 2: Total = 7\nStep 3: 7 * 2 = 14\n"
+    t = result_span(cot, "numeric")
+    steps = intermediate_spans(cot, t.start)
+    # computed values before the result only (``Total = 7`` restates, it computes nothing)
+    assert [(cot[s.start:s.end], s.start) for s in steps] == [("7", cot.index("= 7") + 2)]
+
+
+def test_real_qwen_generations_never_edit_a_label_or_a_cue():
+    """On the 35 real Qwen2.5-Coder-0.5B replies of tests/lm/data, every target is an equation's result, a
+    conclusion's value or an option, never a list or step label."""
+    import json
+    from pathlib import Path
+
+    from sift.lm.parsing import answer_line_start
+
+    rows = [json.loads(line) for line in (Path(__file__).parent / "data" / "qwen05_generations.jsonl").open()]
+    hits = 0
+    for r in rows:
+        start = answer_line_start(r["text"])
+        cot = r["text"] if start is None else r["text"][:start]
+        t = result_span(cot, r["kind"])
+        if isinstance(t, str):
+            continue
+        hits += 1
+        assert not any(s <= t.start < e for s, e in label_spans(cot)), cot
+        line = cot[cot.rfind("\n", 0, t.start) + 1:t.end]
+        assert t.how == "option" or "=" in line or "answer" in line.lower() or "result" in line.lower(), line
+    assert hits >= 20
