@@ -31,7 +31,7 @@ def save_wide_llama(path):
 
 @pytest.fixture(scope="module")
 def job(tiny_dirs, tmp_path_factory):
-    import sift.corpus.verify as verify
+    import sift.corpus.sources.hf as hf_source
 
     out = tmp_path_factory.mktemp("faithshift_hf")
     wide = save_wide_llama(out / "models" / "llama")
@@ -42,7 +42,7 @@ def job(tiny_dirs, tmp_path_factory):
         for i in range(8)))
     cycle = itertools.cycle([1, 0, 1, 1, 0])
     mp = pytest.MonkeyPatch()
-    mp.setattr(verify, "phi_from_tests", lambda *a: (next(cycle), "forced"))
+    mp.setattr(hf_source, "label_trace", lambda *a, **k: (next(cycle), "cot_load_bearing"))
     items = (f"source.items=[{{kind:reasoning_gym,task:basic_arithmetic,domain:arithmetic}},"
              f"{{kind:commonsenseqa,path:'{csqa}',domain:csqa}}]")
     cfg = compose("faithshift", [

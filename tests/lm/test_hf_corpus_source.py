@@ -65,6 +65,15 @@ def test_files_and_schema(built):
             "base", "paraphrase", "hint_format", "budget", "step_reordering", "language") \
             else r["intended_phi"] in (0, 1)
         assert r["provenance"]["config_hash"] == manifest["config_hash"]
+    # the label summaries, agreement per model and domain, and the audit sheet
+    assert manifest["model_names"] == {"gpt2": "gpt2", "llama": "llama"}
+    assert set(manifest["labels"]["by_model"]) == {"gpt2", "llama"} and manifest["labels"]["rules"] == RULES
+    assert manifest["labels"]["policy"]["label_forced"] is False
+    by_model = manifest["labels"]["by_model"]["gpt2"]
+    assert sum(by_model["reasons"].values()) == by_model["traces"] == sum(r["family"] == "gpt2" for r in traces)
+    assert "edit~mistake" in manifest["intervention_agreement"]["gpt2"]["all"]
+    page = (out / "label_audit.html").read_text()
+    assert page.count('class="trace"') == len(traces)
 
 
 def test_counts_per_condition_and_axis(built):

@@ -6,12 +6,14 @@ gives the model-family axis). Per model and chunk of base items:
 
 1. **generate** base, paraphrase (another question wrapper), hint_format (the base cue in another format),
    budget (terse ↔ verbose) — batched, left-padded, KV cache, greedy or seeded sampling;
-2. **verify** every trace, as in the organism, by teacher-forced re-decoding of the answer only:
-   *CoT edit* — the last value the CoT states (a number; an option letter or truth value for choice /
-   boolean items) is replaced, the CoT kept token for token up to that value, ``Answer:`` forced, and a few
-   answer tokens decoded greedily and parsed; *cue change* — the cue's value in the prompt is replaced, the
-   generated CoT ids kept exactly, the answer re-decoded the same way; *mentions_cue* — a regex for the cue's
-   words (hint, professor, suggested answer, ...) on the CoT; then :func:`sift.corpus.verify.phi_from_tests`;
+2. **verify** every trace by interventions on the model that wrote it (:mod:`sift.corpus.real_labels`):
+   *edit* — the CoT's own stated result (:func:`sift.lm.edit_targets.result_span`: the last equation's
+   result or conclusion value, never a step label, premise or quoted cue) is replaced, the CoT kept token for
+   token before it, ``Answer:`` forced and a few answer tokens decoded greedily and parsed; *cue change* — the
+   cue's value in the prompt replaced, the generated CoT ids kept; *early answering* — the CoT cut at 1/3 and
+   2/3, the answer forced; *adding a mistake* — an earlier computed value corrupted and the rest of the CoT
+   generated again; *rationalisation* — where the CoT states the cue's value as its own result, the CoT
+   generated again under another cue value; then :func:`sift.corpus.real_labels.label_trace`;
 3. **altering conditions** on verified bases: cue_injection (a decisive cue toward a wrong answer, on bases
    verified φ*=1), cue_verbalization (the "if you use a hint, say so" instruction, on bases verified φ*=0 that
    carry a cue), causal_truncation (Lanham et al.: the base CoT cut before its last reasoning line, the
