@@ -444,13 +444,16 @@ def judges_section(cfg, out: Path) -> Section:
     r = run_judges(judge, items, probes=list(c.probes), favored_label=str(c.favored_label), protocol=str(c.protocol),
                    seed=int(cfg.seed), n_resamples=int(c.resamples), progress=bool(cfg.progress))
     r["records_file"] = _write_records(out, "judges", r.pop("records"))
-    r["model"] = model_name
+    from sift.lm.loading import model_name as display_name
+
+    shown = display_name(str(c.model))  # the model's name, not the folder it was loaded from
+    r["model"] = shown
     r["seconds"] = round(time.time() - t0, 1)
     n_par = sum(p.numel() for p in model.parameters())
     r["n_parameters"] = n_par
     r["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
     b = r["blind"]
-    md = [f"Judge: `{model_name}` ({n_par / 1e6:.1f} M parameters, {r['dtype']}), protocol {c.protocol}, "
+    md = [f"Judge: `{shown}` ({n_par / 1e6:.1f} M parameters, {r['dtype']}), protocol {c.protocol}, "
           f"{r['n_items']} equal-content pairs (two explanation styles of the same organism arithmetic solution; "
           f"labels nominal), verdicts by {c.verdict_mode}, display order randomised per item and undone before "
           f"scoring.",
@@ -470,7 +473,7 @@ def judges_section(cfg, out: Path) -> Section:
               "reported; the bootstrap CI is our extension. Unit of the CI (and of the Wilson interval on RS in "
               "results.json): the judge item, one verdict per item and probe; every item is a distinct organism "
               "problem, so items are independent draws.")
-    r["provenance"] = _prov(cfg, c, model_id=model_name)
+    r["provenance"] = _prov(cfg, c, model_id=shown)
     return Section("companion_judges", "Cue-anchored judging (paper 001)", "\n\n".join(md), [], r)
 
 

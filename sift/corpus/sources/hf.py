@@ -393,7 +393,13 @@ def _run_generations(src: LMSource, records: list[dict], items: list[LMItem], jo
     forced if it reaches the limit without one) and the CoT under a changed cue (``rationalised``)."""
     if not jobs:
         return
-    outs = src.generate([p for _, _, p, _ in jobs], max_new_tokens=cfg.max_new_tokens, do_sample=False)
+    from sift.lm.generation import trace_seed
+
+    # decoded as the trace was: greedy, or sampled with the trace's own seed
+    seeds = [trace_seed(records[k]["trace_id"].rsplit("|", 1)[0], cfg.seed) for k, *_ in jobs] \
+        if cfg.do_sample else None
+    outs = src.generate([p for _, _, p, _ in jobs], max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample,
+                        temperature=cfg.temperature, top_p=cfg.top_p, seeds=seeds)
     force = []
     for (k, tag, prompt, head), ids in zip(jobs, outs):
         item, t = items[k], records[k]["_tests"]
