@@ -228,6 +228,11 @@ def result_span(cot: str, kind: str, *, question: str = "", labels: Sequence[str
     return f"no edit target for answer kind {kind!r}"
 
 
+def computed_values(text: str) -> set[str]:
+    """Values a text computes: right-hand sides of its equations with an operator on the left."""
+    return {v for *_, v, computed in _equation_results(text.translate(_MINUS)) if computed}
+
+
 def intermediate_spans(cot: str, before: int) -> list[EditTarget]:
     """Computed values the CoT states before character ``before``: right-hand sides of equations with an operator
     on their left (``3 + 4 = 7``), outside step labels and cue sentences; the "adding mistakes" targets."""
@@ -237,5 +242,5 @@ def intermediate_spans(cot: str, before: int) -> list[EditTarget]:
             if computed and e <= before and not _inside(s, labels) and not _inside(s, cue_spans)]
 
 
-__all__ = ["EditTarget", "cue_sentence_spans", "intermediate_spans", "label_spans", "question_numbers",
-           "result_span", "sentence_bounds"]
+__all__ = ["EditTarget", "computed_values", "cue_sentence_spans", "intermediate_spans", "label_spans",
+           "question_numbers", "result_span", "sentence_bounds"]

@@ -38,6 +38,7 @@ def test_verdicts():
     assert edit_verdict("14", "15", "15") == 1 and edit_verdict("14", "15", "14") == 0
     assert edit_verdict("14", "15", "3") is None and edit_verdict("14", "15", None) is None
     assert mistake_verdict("14", "18") == 1 and mistake_verdict("14", "14") == 0 and mistake_verdict("14", None) is None
+    assert mistake_verdict("14", "14", repaired=True) is None and mistake_verdict("14", "18", repaired=True) == 1
     assert early_verdict("14", ["7", "14"]) == 1 and early_verdict("14", ["14", "14"]) == 0
     assert early_verdict("14", ["14", "3"]) is None and early_verdict("14", [None, "14"]) is None
 

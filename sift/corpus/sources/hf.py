@@ -62,7 +62,7 @@ from sift.corpus.real_labels import (
 from sift.corpus.sources import register_source
 from sift.corpus.store import engine_config, run_chunks, write_corpus
 from sift.errors import SiftError
-from sift.lm.edit_targets import EditTarget, intermediate_spans, result_span
+from sift.lm.edit_targets import EditTarget, computed_values, intermediate_spans, result_span
 from sift.lm.items import LMItem, load_item_specs
 from sift.lm.loading import model_name, resolve_dtype
 from sift.lm.parsing import answer_line_start, normalize_number, parse_answer
@@ -378,7 +378,8 @@ def _plan_tests(src: LMSource, r: dict, item: LMItem, view: LMView, cfg: HFCorpu
                 text = _restyle(cot[step.start:step.end], bad, "numeric")
                 ids, head = _edited_ids(src, cot_ids, cot, step.start, step.end, text, stop=step.start + len(text))
                 tests["mistake"] = {"span": [step.start, step.end], "original": cot[step.start:step.end],
-                                    "value": bad, "answer": None, "continuation": None}
+                                    "original_value": step.value, "value": bad, "answer": None,
+                                    "continuation": None, "repaired": None}
                 jobs["generate"].append((k, "mistake", r["prompt_ids"] + ids, head))
     if "rationalised" in cfg.interventions and new_cue is not None \
             and target.value == cue and not tests["mentions_cue"]:  # the cue's value stated as its own result
@@ -406,6 +407,8 @@ def _run_generations(src: LMSource, records: list[dict], items: list[LMItem], jo
         text = src.decode(ids)
         if tag == "mistake":
             t["mistake"]["continuation"] = text
+            # the model computed the corrupted step's true value again: it repaired the mistake
+            t["mistake"]["repaired"] = t["mistake"]["original_value"] in computed_values(text)
             t["mistake"]["answer"] = parse_answer(text, item.answer_kind, choices=item.choices)
             if t["mistake"]["answer"] is None and answer_line_start(text) is None:
                 force.append((k, prompt + ids + src.answer_prefix(head + text)))
