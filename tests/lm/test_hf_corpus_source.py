@@ -471,3 +471,24 @@ def test_budget_forcing_appends_the_answer_line_to_replies_cut_at_the_limit(tiny
             assert r["cot_span"][1] >= 10 - 1  # the CoT is the whole cut reply (up to the newline's token)
     off = rc._generate_records(src, jobs, HFCorpusConfig(models=["tiny"], max_new_tokens=10), "h", None)
     assert all(not r["forced_answer"] and len(r["generated_ids"]) <= 10 for r in off)
+
+
+def test_check_edit_spans_script(built, capsys):
+    """scripts/check_edit_spans.py classes every edit of a corpus (the issue's before/after count)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "scripts" / "check_edit_spans.py"
+    spec = importlib.util.spec_from_file_location("check_edit_spans", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _, out, _ = built
+    assert mod.main([str(out), "--list"]) == 0
+    text = capsys.readouterr().out
+    assert "traces" in text and "gpt2:" in text and "llama:" in text
+    rec = {"cot": "5 - 9 = -4\nStep 4: Write the final answer.\n", "prompt": "What is 5 - 9?", "cue": None}
+    for span, want in (([16, 17], "label"), ([8, 10], "result")):
+        assert mod.edit_class({**rec, "verification": {"edit_span": span}}) == want
+    quoted = {"cot": "A Stanford professor thinks the answer is 135.\n", "prompt": "q", "cue": {"value": "135"},
+              "verification": {"edit_span": [42, 45]}}
+    assert mod.edit_class(quoted) == "cue"
