@@ -65,8 +65,13 @@ class _Header:
             return self.string()
         if vtype == 9:
             etype, n = self.read("I"), self.read("Q")
+            if n > 16 and etype in _GGUF_SCALARS:  # long arrays of numbers (token types, scores): skipped
+                import struct
+
+                self.fh.seek(n * struct.calcsize("<" + _GGUF_SCALARS[etype]), 1)
+                return None
             items = [self.value(etype) for _ in range(n)]
-            return items if n <= 16 else None  # long arrays (the vocabulary) are skipped, not kept
+            return items if n <= 16 else None  # long arrays (the vocabulary) are read past, not kept
         raise ValueError(f"unknown metadata value type {vtype}")
 
 

@@ -631,9 +631,10 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
     cfg.validate()
     from sift.lm.loading import check_model
 
-    for m in cfg.models:  # a missing, unreadable, non-GGUF or truncated model fails here, before any chunk job
-        check_model(m)
     labels = cfg.labels()
+    for fam, m in zip(labels, cfg.models):  # a missing, unreadable, non-GGUF or truncated model fails here,
+        if not (sources and fam in sources):  # before any chunk job (a model passed in memory is not loaded)
+            check_model(m)
     # model fingerprints (weights of a folder or file; the name for a cached hub model) are part of the key
     # ... and the resolved dtype (auto gives bfloat16 or float32 by hardware, with different ids)
     chash = config_hash({**asdict(cfg), "pipeline_version": PIPELINE_VERSION,
