@@ -179,6 +179,17 @@ def _pool_broken(pool: Any) -> bool:
     return bool(getattr(pool, "_broken", False))
 
 
+def _permanent_line(e: BaseException) -> str | None:
+    """The message of a :class:`PermanentError` raised in a SLURM job (submitit passes on its traceback as
+    text), or None for any other failure."""
+    if isinstance(e, PermanentError):
+        return str(e)
+    for line in str(e).splitlines():
+        if "PermanentError:" in line:
+            return line.split("PermanentError:", 1)[1].strip()
+    return None
+
+
 def select_gpu(gpus: Sequence[str] | None) -> None:
     """In a local worker process: keep one of ``gpus`` (by the worker's index), before CUDA starts."""
     import multiprocessing as mp
@@ -241,7 +252,11 @@ def _run_slurm(cfg: DictConfig, out: Path, specs: Sequence[Any], fn: JobFn, on_d
                     print(f"[{labels.tag}] {labels.noun} {spec.key} failed (attempt {attempt}/{retries + 1}, SLURM job "
                           f"{job.job_id}), log {log}", flush=True)
                     # a PermanentError in the job (its traceback is in the message) fails the same way again
-                    if attempt > retries or isinstance(e, PermanentError) or "PermanentError" in str(e):
+                    permanent = _permanent_line(e)
+                    if permanent is not None:
+                        raise SiftError(f"{labels.noun} {spec.key} failed on SLURM, not retried: {permanent} "
+                                        f"(log {log})") from e
+                    if attempt > retries:
                         raise SiftError(f"{labels.noun} {spec.key} failed {attempt} times on SLURM; last log {log}: "
                                         f"{str(e).strip().splitlines()[-1] if str(e).strip() else e!r}") from e
                     still.append((ex.submit(fn, cfg_yaml, str(out), spec, None), spec, attempt + 1))

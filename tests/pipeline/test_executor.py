@@ -123,6 +123,10 @@ def _job(cfg_yaml, out, spec, gpus):
         raise RuntimeError(f"transient failure of {spec.key}")
     if (Path(out) / f"fail-always-{spec.seed}").exists():
         raise RuntimeError(f"permanent failure of {spec.key}")
+    if (Path(out) / f"bad-input-{spec.seed}").exists():
+        from sift.errors import PermanentError
+
+        raise PermanentError(f"bad input of {spec.key}")
     return {"key": spec.key, "task": os.environ.get("SLURM_ARRAY_TASK_ID"), "job": os.environ["SLURM_JOB_ID"],
             "threads": json.loads(cfg_yaml.split("workers: ")[1].split()[0])}
 
@@ -167,6 +171,14 @@ def test_slurm_gives_up_after_the_retry(tmp_path, cluster):
     with pytest.raises(SiftError, match=r"run main/d/seed0 failed 2 times on SLURM; last log .*1001_0_log.err"):
         run_jobs(_cfg(tmp_path, gpus_per_job=0), tmp_path, _specs(1), _job, lambda *a: None)
     assert "gpus-per-node" not in (cluster / "submitted_1000.sh").read_text()
+
+
+def test_slurm_does_not_retry_a_permanent_failure(tmp_path, cluster):
+    (tmp_path / "bad-input-0").touch()
+    with pytest.raises(SiftError, match=r"run main/d/seed0 failed on SLURM, not retried: bad input of "
+                                        r"main/d/seed0 \(log "):
+        run_jobs(_cfg(tmp_path, gpus_per_job=0), tmp_path, _specs(1), _job, lambda *a: None)
+    assert not (cluster / "submitted_1001.sh").exists()  # no resubmission
 
 
 def test_executor_config_is_checked_before_any_work(tmp_path, cluster, monkeypatch):
