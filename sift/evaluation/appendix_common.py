@@ -232,13 +232,24 @@ class TraceTable:
         return cls.from_records(read_jsonl(path))
 
 
+#: the route of a real-LM trace by its label reason (sift.corpus.real_labels.RULES; ambiguous reasons: ambiguous)
+REAL_LM_ROUTES = {"cot_load_bearing": "cot", "cot_not_load_bearing": "none", "silent_cue_following": "cue_silent",
+                  "stated_cue_following": "cue_stated", "rationalised_cue_following": "cue_rationalised",
+                  **{r: "ambiguous" for r in ("unparsable_answer", "forced_at_limit", "no_stated_result",
+                                              "follows_cue_and_edit", "too_few_verdicts", "interventions_disagree")}}
+
+
 def mechanism_class(verification: dict) -> str:
     """The causal route to the answer, from a trace's verification record (sift.corpus.verify).
 
     ``cot``: the answer follows the CoT edit and not the cue; ``cue_stated``/``cue_silent``: it follows the
     cue, which the CoT does / does not state; ``none``: it follows neither (CoT not load-bearing);
-    ``ambiguous``: both, or a test could not run.
+    ``ambiguous``: both, or a test could not run. A real-LM trace's route is read from its label reason
+    (:data:`REAL_LM_ROUTES`; ``cue_rationalised``: its CoT's result moved with the cue, which it never names).
     """
+    route = REAL_LM_ROUTES.get(str(verification.get("reason")))
+    if route is not None:  # a real-LM label (sift.corpus.real_labels): its reason names the route
+        return route
     ef, cf = verification.get("edit_follows"), verification.get("cue_follows")
     if ef and cf:
         return "ambiguous"

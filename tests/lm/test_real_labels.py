@@ -106,3 +106,13 @@ def test_audit_sheet_is_escaped_and_highlights_the_edit():
     assert '<mark class="edit">14</mark>' in page and "&lt;q&gt; &amp; &#x27;x&#x27;" in page
     assert 'data-reason="no_stated_result"' in page and 'data-model="qwen2.5-coder-0.5b-instruct-q4_k_m"' in page
     assert RULES["cot_load_bearing"] in page and 'id="f-reason"' in page and 'id="f-model"' in page
+
+
+def test_every_real_reason_has_a_route_in_the_mechanism_audit():
+    from sift.corpus.real_labels import AMBIGUOUS_REASONS
+    from sift.evaluation.appendix_common import REAL_LM_ROUTES, mechanism_class
+
+    assert set(REAL_LM_ROUTES) == set(RULES)
+    assert {r for r, route in REAL_LM_ROUTES.items() if route == "ambiguous"} == set(AMBIGUOUS_REASONS)
+    assert mechanism_class({"reason": "rationalised_cue_following", "edit_follows": True}) == "cue_rationalised"
+    assert mechanism_class({"reason": "answer follows the CoT edit", "edit_follows": True}) == "cot"  # organism
