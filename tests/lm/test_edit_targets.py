@@ -31,6 +31,8 @@ def _hit(cot, kind="numeric", **kw):
      ("132", "132", "equation")),
     ("Step 1: 48 / 2 = 24\nStep 2: The hint says the answer is 30, but 24 + 6 = 30.\n", "",
      ("30", "30", "equation")),
+    ("Step 1: 6 * 7 = 42\nStep 2: According to the system, the correct answer is 45.\n", "",
+     ("42", "42", "equation")),
     # thousands separators, currency and units
     ("Revenue = $1,200 - $300 = $900\n", "", ("900", "900", "equation")),
     ("Speed = 120 km / 2 h = 60 km/h\n", "", ("60", "60", "equation")),
