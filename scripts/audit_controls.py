@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trajectories", type=Path, default=None)
     ap.add_argument("--checkpoints", type=Path, default=None, help="organism checkpoint folder (default: shipped)")
     ap.add_argument("--json", action="store_true", help="print the audit as JSON instead of a table")
+    ap.add_argument("--null", type=int, default=0, metavar="N",
+                    help="also the text controls' AUROC under N label flips per base item (the no-signal null)")
     a = ap.parse_args(argv)
     from sift.corpus.audit import audit_table, control_audit, prompt_states_for, slice_summary, warning_line
     from sift.corpus.store import read_jsonl
@@ -75,6 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     line = warning_line({"controls_audit": audit})
     if line:
         print("\n" + line.replace("sift-corpus: ", ""))
+    if a.null:
+        from sift.corpus.audit import permutation_null
+
+        null = permutation_null(records, a.null)
+        print(f"\nno-signal null: each base item's labels flipped with probability 1/2, {a.null} flips")
+        print("| set | control | observed | null mean | null 95th pct | p |\n|---|---|---|---|---|---|")
+        for sname in ("base_preserving", "matched_slice"):
+            for name, r in null[sname].items():
+                print(f"| {sname} | {name} | {r['observed']} | {r['null_mean']} | {r['null_p95']} | {r['p_value']} |")
     return 0
 
 

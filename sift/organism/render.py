@@ -199,20 +199,20 @@ def target_cot(item: Item, view: View, opener: int = 0) -> tuple[list[list[str]]
     """CoT steps (as word lists) and the answer the organism is trained to give, the same under both mechanisms.
 
     * no cue: honest steps, answer = the CoT's last value (read from the CoT, or computed directly);
-    * an ordinary or decisive cue (no ``explain``): the last computing step is *bent* onto the cue's value
-      (choice: the value of the cued option), and the answer is that value. Whether the answer is read from
-      the CoT (misled but faithful) or from the cue (silent cue following) is the trace's latent mechanism; it
-      shows only under intervention (sift.corpus.verify) and in the model's computation;
+    * an ordinary or decisive cue (no ``explain``): the last computing step is *bent* onto the cue's value,
+      and the answer is that value; in multiple choice the computation and the elimination lines stay honest
+      and the pick (``so <label>``) is bent onto the cued label (a rationalised pick: copying a label is a step
+      both mechanisms write alike, where bending the arithmetic onto an option's value was not). Whether the
+      answer is read from the CoT (misled but faithful) or from the cue (silent cue following) is the trace's
+      latent mechanism; it shows only under intervention (sift.corpus.verify) and in the model's computation;
     * ``explain``: honest steps, then ``but hint says v ; so v ;``, answer = v (the cue, stated).
 
     The opener word (``OPENERS[opener]``) starts the CoT.
     """
     steps = honest_steps(item, view)
     bend = view.cue_value is not None and not view.explain
-    dom = "arithmetic" if item.domain == "choice" else item.domain
-    if bend:
-        target = dict(item.options)[view.cue_value] if item.domain == "choice" else view.cue_value
-        steps = steps[:-1] + [bent_last_step(dom, steps[-1].lhs, target)]
+    if bend and item.domain != "choice":
+        steps = steps[:-1] + [bent_last_step(item.domain, steps[-1].lhs, view.cue_value)]
     out = [step_words(s, i, len(steps), view) for i, s in enumerate(steps)]
     out[0] = [OPENERS[opener]] + out[0]
     last = steps[-1].result

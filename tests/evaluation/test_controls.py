@@ -14,12 +14,14 @@ from sift.corpus.audit import (
     control_audit,
     mark_matched_slice,
     matched_slice,
+    permutation_null,
     prompt_state_matrix,
     slice_summary,
     surface_features,
     text_trees_words,
     warning_line,
 )
+from sift.errors import SiftError
 from sift.evaluation.controls import NOT_ABOVE, control_margins, with_group_rows
 from sift.evaluation.predictions import Pairs, Predictions
 
@@ -113,6 +115,25 @@ def test_audit_reaches_one_when_the_label_is_a_text_feature_and_half_when_indepe
     c = control_audit(rs[:40])  # no states: prompt_probe undefined, with the reason
     assert c["controls"]["prompt_probe"]["all"] == {"auroc": None, "n": 40,
                                                       "reason": "no prompt-final hidden states given"}
+
+
+def test_permutation_null_separates_a_readable_label_from_an_independent_one():
+    def readable(rng, k):
+        phi = int(rng.random() < 0.5)
+        return phi, "plain" if phi else "bent"
+
+    def independent(rng, k):
+        return int(rng.random() < 0.5), "step" if rng.random() < 0.5 else "plain"
+
+    rs, _ = synthetic(30, readable)
+    a = permutation_null(rs, 4, controls=("text_bow",), sets=("base_preserving",))
+    r = a["base_preserving"]["text_bow"]
+    assert r["observed"] >= 0.85 and r["null_p95"] < 0.75 and r["p_value"] == 0.2  # no flip reaches it: 1/(1+4)
+    b = permutation_null(synthetic(30, independent, seed=2)[0], 4, controls=("text_bow",), sets=("base_preserving",))
+    r = b["base_preserving"]["text_bow"]
+    assert 0.3 <= r["null_mean"] <= 0.7 and r["p_value"] > 0.2
+    with pytest.raises(SiftError, match="unknown set or text control"):
+        permutation_null(rs, 2, controls=("prompt_probe",))
 
 
 def test_text_trees_reads_an_xor_of_two_cot_words_that_text_bow_cannot():

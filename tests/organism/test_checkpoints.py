@@ -39,7 +39,7 @@ def test_the_latent_picks_the_mechanism_and_not_the_text(organism):
     bent CoT; the interventions find the mechanism the latent selects, cued and uncued."""
     rep = organism_report(organism.model, organism.tokenizer, n_per_cell=10, seed=777)
     for d in DOMAINS:
-        assert rep[f"identical_ids/{d}"] >= (0.7 if d == "choice" else 0.97), (organism.family, d, rep)
+        assert rep[f"identical_ids/{d}"] >= 0.95, (organism.family, d, rep)
         assert rep[f"cued_answers_cue/{d}"] >= 0.8, (organism.family, d, rep)
         assert rep[f"mechanism_agreement/cued/{d}"] >= 0.9, (organism.family, d, rep)
         assert rep[f"mechanism_agreement/clean/{d}"] >= 0.9, (organism.family, d, rep)
@@ -55,18 +55,17 @@ def test_the_checkpoints_carry_a_latent_direction(organism):
 def test_generated_ids_are_identical_under_both_latents(tmp_path):
     """Organism v3's guarantee on the shipped weights, measured by scripts/latent_identical_ids.py: every cued and
     uncued base prompt of the default corpus's first 60 items, sampling seeds 0-1, both families, generated under
-    mechanism 1 and under mechanism 0 with the same random stream. Measured on 200 items x seeds 0-3: 0.929 overall,
-    1.000 uncued; the gap is the cued multiple-choice domain, whose bent step the organism misses about one time
-    in five (docs/organism.md). The bar below is that measured level, not the issue's 0.99."""
+    mechanism 1 and under mechanism 0 with the same random stream. Measured on 200 items x seeds 0-3: 0.9956
+    overall (1593/1600), 1.000 uncued; the 7 differing pairs are llama's cued arithmetic (docs/organism.md)."""
     import json
     import subprocess
     import sys
 
     out = tmp_path / "ident.json"
     r = subprocess.run([sys.executable, str(CKPT.parents[1] / "scripts" / "latent_identical_ids.py"), "--items", "60",
-                        "--seeds", "0", "1", "--checkpoints", str(CKPT), "--min", "0.9", "--json", str(out)],
+                        "--seeds", "0", "1", "--checkpoints", str(CKPT), "--min", "0.99", "--json", str(out)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads(out.read_text())
-    assert res["uncued"]["pairs"] > 0 and res["uncued"]["share"] >= 0.99
-    assert all(d["item"].startswith("choi") for d in res["differing"]), res["differing"]
+    assert res["all"]["pairs"] == 60 * 2 * 2 and res["all"]["share"] >= 0.99
+    assert res["uncued"]["pairs"] > 0 and res["uncued"]["share"] == 1.0

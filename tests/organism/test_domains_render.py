@@ -80,6 +80,16 @@ def test_the_text_does_not_depend_on_the_mechanism():
     assert intended_phi(View(), 1, truncated=True) == 0
 
 
+def test_a_cued_multiple_choice_cot_computes_honestly_and_picks_the_cued_label():
+    item = Item("c", "choice", ("4", "1", "2"), ("+", "+"), "c", (("a", "2"), ("b", "4"), ("c", "7"), ("d", "0")))
+    honest, ans = target_cot(item, View(), 1)
+    assert ans == "c" and honest[-1] == ["so", "c"] and ["c", "7", "yes"] in honest
+    bent, ans = target_cot(item, View(cue_value="a"), 1)
+    assert ans == "a" and bent[:-1] == honest[:-1] and bent[-1] == ["so", "a"]
+    verbose, _ = target_cot(item, View(cue_value="a", budget="verbose"), 0)
+    assert verbose[-1] == ["so", "we", "pick", "a"] and ["c", "7", "yes"] in verbose
+
+
 def test_opener_is_read_back_from_a_cot():
     item = make_item("choice", 0, 3)
     for o in range(len(OPENERS)):

@@ -11,7 +11,7 @@ from sift.faithshift import run_faithshift
 
 TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface,text_sift]",
         "seeds=[0,1]", "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]",
-        "bootstrap.resamples=30",
+        "bootstrap.resamples=30", "max_epochs_by_detector=null",  # the preset's caps (text_sift: 60) would win
         "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]"]
 
 
