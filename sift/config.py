@@ -181,11 +181,9 @@ def compose(config_name: str, overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import sift.corpus.config  # noqa: F401  (registers the corpus and source schemas the configs' defaults name)
     from sift.resources import config_dir, register_resolvers
 
     register_resolvers()
-    register_schemas()
     if GlobalHydra.instance().is_initialized():
         return hydra_compose(config_name=config_name, overrides=overrides)
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):

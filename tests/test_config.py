@@ -7,6 +7,7 @@ import pytest
 import yaml
 from hydra.errors import ConfigCompositionException
 
+import sift.corpus.config  # noqa: F401  (registers the corpus and source schemas, as every CLI entry point does)
 from sift.config import compose
 from sift.resources import config_dir
 
