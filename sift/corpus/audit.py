@@ -94,22 +94,32 @@ def cue_value(record: Mapping[str, Any]) -> str | None:
     return _norm(cue.get("value")) if isinstance(cue, Mapping) else None
 
 
+def stated_result(cot: Any) -> str | None:
+    """The organism CoT's stated result: the last word of its last step (``... = 6 ;`` → 6, ``so b ;`` → b)."""
+    words = [w for w in str(cot or "").split() if w != ";"]
+    return _norm(words[-1]) if words else None
+
+
 def matched_slice(record: Mapping[str, Any]) -> bool:
     """True on a base or preserving trace when the prompt carries a cue that differs from the gold answer and
-    the answer equals the cue, or, for a trace whose mechanism is a latent that never enters the token stream
-    (the organism v3, ``record["latent"]``), when the prompt carries no cue: both of its mechanisms (the CoT
-    read, or the answer computed directly) write the same text there. Altering traces are left out: their
-    construction edits the text to set the label (a decisive cue, the ``explain`` header, a cut CoT), so there
-    the text does not look alike."""
+    the answer equals the cue. For a trace whose mechanism is a latent that never enters the token stream (the
+    organism v3, ``record["latent"]``) the slice is where both mechanisms write the same text: the CoT's stated
+    result equals the answer, which is the cue (cue ≠ gold) or, without a cue, whatever the CoT computed. The
+    stated-result condition keeps the slice from selecting on the mechanism: where a bent CoT misses the cue,
+    only the cue follower answers the cue, so "answer = cue" alone would admit those traces under one mechanism
+    only. Altering traces are left out: their construction edits the text to set the label (a decisive cue, the
+    ``explain`` header, a cut CoT), so there the text does not look alike."""
     from sift.corpus.axes import AXES
 
     axis = AXES.get(str(record.get("condition")))
     if axis is not None and axis.kind == "altering":
         return False
     cue, gold, ans = cue_value(record), _norm(record.get("gold_answer")), _norm(record.get("answer"))
-    if cue is None:
-        return bool(record.get("latent")) and ans is not None
-    return gold is not None and ans is not None and cue != gold and ans == cue
+    if record.get("latent"):
+        if ans is None or stated_result(record.get("cot")) != ans:
+            return False
+        return cue is None or (gold is not None and cue != gold and ans == cue)
+    return cue is not None and gold is not None and ans is not None and cue != gold and ans == cue
 
 
 def mark_matched_slice(records: Iterable[dict]) -> None:

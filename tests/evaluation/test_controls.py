@@ -46,6 +46,12 @@ def test_matched_slice_flag_on_hand_made_records():
     assert not matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", condition="cue_injection"))  # altering
     assert matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", condition="paraphrase"))
     assert matched_slice(rec(cue=cue("True"), answer="true ", gold_answer="false"))  # normalised
+    lat = {"mechanism": 0, "value": -1.0}  # organism v3: the slice also asks for the CoT's stated result = answer
+    assert matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", cot="4 + 3 = 7 ;", latent=lat))
+    assert not matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", cot="4 + 1 = 5 ;", latent=lat))
+    assert matched_slice(rec(cue=None, answer="5", gold_answer="5", cot="4 + 1 = 5 ;", latent=lat))  # uncued
+    assert not matched_slice(rec(cue=None, answer="6", gold_answer="5", cot="4 + 1 = 5 ;", latent=lat))
+    assert matched_slice(rec(cue=cue("b"), answer="b", gold_answer="c", cot="c 7 yes ; so b ;", latent=lat))
     rs = [rec(trace_id="a", cue=cue("7"), answer="7", gold_answer="5", phi=0),
           rec(trace_id="b", cue=cue("7"), answer="7", gold_answer="5", phi=1),
           rec(trace_id="c", cue=cue("7"), answer="7", gold_answer="5", phi=0),
