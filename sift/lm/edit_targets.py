@@ -171,6 +171,16 @@ def _numeric_target(text: str, question: str) -> EditTarget | str:
     return "the only stated values are " + ", ".join(dict.fromkeys(why))
 
 
+def option_line_starts(text: str) -> set[int]:
+    """The start of every line that lists an option ("(A) plausible: ..."): nothing on such a line is a result."""
+    return {text.rfind("\n", 0, m.start(1)) + 1 for m in _OPTION_LINE.finditer(text)}
+
+
+def on_option_line(text: str, pos: int) -> bool:
+    """Whether ``text[pos]`` lies on a line that lists an option."""
+    return text.rfind("\n", 0, pos) + 1 in option_line_starts(text)
+
+
 def _choice_mentions(text: str, labels: Sequence[str], choices: Sequence[tuple[str, str]] | None):
     """(start, end, label, vkind) of every option the text states, by label or by text."""
     upper = {lab.upper(): lab for lab in labels}
@@ -193,14 +203,13 @@ def _choice_mentions(text: str, labels: Sequence[str], choices: Sequence[tuple[s
 
 def _choice_target(text: str, labels: Sequence[str], choices: Sequence[tuple[str, str]] | None) -> EditTarget | str:
     cue_spans = cue_sentence_spans(text)
-    option_lines = [(m.start(1), m.end(1)) for m in _OPTION_LINE.finditer(text)]
+    option_lines = option_line_starts(text)
     mentions = sorted(_choice_mentions(text, labels, choices), reverse=True)
     if not mentions:
         return "the CoT states no option"
     why = []
     for s, e, lab, vkind in mentions:
-        line_start = text.rfind("\n", 0, s) + 1
-        if _inside(s, option_lines) or _inside(line_start, option_lines):
+        if text.rfind("\n", 0, s) + 1 in option_lines:
             why.append("an option list copied from the question")
         elif _inside(s, cue_spans):
             why.append("quoted from the cue")
@@ -249,4 +258,4 @@ def intermediate_spans(cot: str, before: int) -> list[EditTarget]:
 
 
 __all__ = ["EditTarget", "computed_values", "cue_sentence_spans", "intermediate_spans", "label_spans",
-           "question_numbers", "result_span", "sentence_bounds"]
+           "on_option_line", "option_line_starts", "question_numbers", "result_span", "sentence_bounds"]

@@ -68,6 +68,13 @@ def test_never_a_step_or_list_label():
     ("Options:\n(A) plausible\n(B) implausible\nHe is a hockey player, so the sentence is implausible.\n",
      ("implausible", "B", "choice_text")),
     ("So the answer is (B).\n", ("B", "B", "choice")),
+    # an option list with explanations after the model's own verdict (a real Qwen2.5-Coder-0.5B shape): every
+    # mention on an option line, "(B) implausible: ..." included, is part of the list, not a result
+    ("Analyze the statement\nThis is a plausible statement because it indicates the event.\n\nStep 2: Consider the "
+     "options\n(A) plausible: The statement is true.\n(B) implausible: The statement is false.\n",
+     ("plausible", "A", "choice_text")),
+    ("He plays hockey, so it is implausible.\nA) plausible: true\n  B) implausible: false\n",
+     ("implausible", "B", "choice_text")),
     ("The sentence is plausible because he plays football.\nTherefore, the answer is A because of that.\n",
      ("A", "A", "choice")),
     # "not plausible" is stated by the text; "implausible" never matches inside the word
