@@ -354,8 +354,12 @@ def _plan_tests(src: LMSource, r: dict, item: LMItem, view: LMView, cfg: HFCorpu
             jobs["redecode"].append((k, "edit", r["prompt_ids"] + ids + src.answer_prefix(edited)))
     new_cue = None
     if cue is not None:
-        new_cue = alternative(cue, item.answer_kind, {r["answer"], target.value if target else None},
-                              f"cue:{r['trace_id']}", _labels(item))
+        # the changed cue differs from the edit's value where the answer kind leaves room (a binary choice does
+        # not): an answer that takes the one value could not tell which test it followed
+        avoid = {r["answer"], target.value if target else None}
+        new_cue = alternative(cue, item.answer_kind, avoid | {tests.get("edit_value")}, f"cue:{r['trace_id']}",
+                              _labels(item)) or alternative(cue, item.answer_kind, avoid, f"cue:{r['trace_id']}",
+                                                            _labels(item))
         if new_cue is not None:
             tests["cue_value"] = new_cue
             prompt = src.prompt_ids(r["_item"], view.with_(cue_value=new_cue))
@@ -381,8 +385,9 @@ def _plan_tests(src: LMSource, r: dict, item: LMItem, view: LMView, cfg: HFCorpu
                                     "original_value": step.value, "value": bad, "answer": None,
                                     "continuation": None, "repaired": None}
                 jobs["generate"].append((k, "mistake", r["prompt_ids"] + ids, head))
+    # the answer is the cue's value and the CoT states it as its own result, never naming the cue
     if "rationalised" in cfg.interventions and new_cue is not None \
-            and target.value == cue and not tests["mentions_cue"]:  # the cue's value stated as its own result
+            and target.value == cue == r["answer"] and not tests["mentions_cue"]:
         tests["rationalised"] = {"cue_value": new_cue, "cot_result": None, "mentions_cue": None, "moved": False,
                                  "cot": None}
         jobs["generate"].append((k, "rationalised", src.prompt_ids(r["_item"], view.with_(cue_value=new_cue)), ""))
