@@ -72,7 +72,7 @@ from sift.lm.views import shown_item
 from sift.provenance import config_hash, model_fingerprint
 
 #: bump when generation or verification changes the records, so that stale chunks are not reused
-PIPELINE_VERSION = 2
+PIPELINE_VERSION = 3
 
 # ------------------------------------------------------------------------------------------------- model side
 
