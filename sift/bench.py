@@ -54,7 +54,8 @@ class Spread:
         return Spread(tuple(amount / v if v > 0 else float("inf") for v in self.values), higher_is_better=True)
 
     def as_dict(self) -> dict[str, float]:
-        return {"best": self.best, "min": self.min, "median": self.median, "max": self.max, "n": len(self.values)}
+        return {"best": self.best, "min": self.min, "median": self.median, "max": self.max, "n": len(self.values),
+                "values": list(self.values)}
 
     def fmt(self, spec: str = ".3g") -> str:
         """``best (min–max)`` — e.g. ``12.1 (12.1–13.0)``."""

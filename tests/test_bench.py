@@ -31,7 +31,8 @@ def test_spread_best_median_and_rates():
     assert s.rel_spread == pytest.approx(9.0)
     r = s.rate(100.0)  # e.g. 100 tokens: tokens/s, higher is better
     assert r.best == 100.0 and r.min == 10.0 and r.median == pytest.approx((100 / 3 + 50) / 2)
-    assert r.as_dict() == {"best": 100.0, "min": 10.0, "median": r.median, "max": 100.0, "n": 4}
+    assert r.as_dict() == {"best": 100.0, "min": 10.0, "median": r.median, "max": 100.0, "n": 4,
+                           "values": [100 / 3, 100.0, 50.0, 10.0]}  # in the order measured
     assert Spread((2.0,)).fmt(".1f") == "2.0 (2.0–2.0)" and Spread((2.0,)).rel_spread == 0
     with pytest.raises(ValueError):
         Spread(())

@@ -21,8 +21,10 @@ hidden-state extraction stay in transformers on the de-quantised weights of the 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,6 +90,12 @@ def _threads(n_threads: int | None) -> int:
     return max(1, torch.get_num_threads())  # torch's count follows OMP_NUM_THREADS and torch.set_num_threads
 
 
+def _close_if_alive(ref) -> None:
+    backend = ref()
+    if backend is not None:
+        backend.close()
+
+
 @dataclass
 class _Row:
     """A prompt in flight: its index, the next position to write and the token to feed next."""
@@ -134,6 +142,8 @@ class LlamaCppBackend:
         self._ctx = None
         self._shape = (0, 0)  # (sequences, context per sequence) of the current context
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        # freed before interpreter shutdown tears down llama_cpp (whose own finalisers then fail noisily)
+        atexit.register(_close_if_alive, weakref.ref(self))
 
     # ------------------------------------------------------------------------------------------- context
 
