@@ -22,18 +22,21 @@ T_max, which is what extraction bins to). Lengths are drawn from that distributi
 
 Also printed (CPU): a roofline, the fast path's FLOPs per trace (``torch.utils.flop_counter``) against this
 machine's measured fp32 GEMM rate, i.e. the most traces/s any fp32 implementation of the architecture can reach
-here; it says whether a target is a matter of code or of cores.
+here; it says whether a target is a matter of code or of cores. The GEMM rate is measured on the fast path's own
+matmuls (the shapes and counts one call on the timed batch performs, :func:`sift.bench.gemm_shapes`), after a
+warm-up, as the best of ``--roofline-repeats`` repeats with operands and outputs allocated once
+(:func:`sift.bench.gemm_rate`); the min–max spread is printed next to it, so a disturbed run shows as one.
 
 Defaults: T_max = 64 steps (``configs/extract.yaml``) and C = 9 channels (the organism: 4 blocks → 3 velocities,
-4 drifts, EC, attention stability). Reported: wall-clock traces/s (median of ``--iters`` batches) and traces
-per CPU-second of this process (on a shared machine, the rate the busy wall clock cannot show).
+4 drifts, EC, attention stability). Reported: wall-clock traces/s (median of ``--iters`` batches after
+``--warmup`` untimed ones, with the best and the min–max spread) and traces per CPU-second of this process (on a
+shared machine, the rate the busy wall clock cannot show).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
@@ -67,18 +70,16 @@ def lengths_from(path: str, t_max: int) -> tuple[torch.Tensor, int | None]:
     return torch.tensor(n).clamp(min=1, max=t_max), None
 
 
-def _time(fn, x, mask, iters: int, warmup: int, sync) -> tuple[list[float], list[float]]:
-    for _ in range(warmup):
-        fn(x, mask)
-    sync()
-    wall, cpu = [], []
-    for _ in range(iters):
-        t0, c0 = time.perf_counter(), time.process_time()
+def _time(fn, x, mask, iters: int, warmup: int, sync):
+    """(wall, cpu) :class:`sift.bench.Spread` of ``iters`` calls after ``warmup`` untimed ones."""
+    from sift.bench import repeat
+
+    def call():
         fn(x, mask)
         sync()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return sorted(wall), sorted(cpu)
+
+    t = repeat(call, repeats=iters, warmup=warmup)
+    return t.wall, t.cpu
 
 
 def flops_per_trace(fn, x: torch.Tensor, mask: torch.Tensor) -> float:
@@ -91,20 +92,14 @@ def flops_per_trace(fn, x: torch.Tensor, mask: torch.Tensor) -> float:
     return counter.get_total_flops() / x.shape[0]
 
 
-def gemm_rate(threads: int, repeats: int = 20) -> float:
-    """This machine's fp32 matmul rate (FLOP/s) at SIFT's typical GEMM shape ([4096, 128] @ [128, 384], the
-    attention in-projection of a chunk), best of ``repeats``: the ceiling any fp32 implementation can reach."""
-    a, b = torch.randn(4096, 128), torch.randn(128, 384)
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(3):
-            a @ b
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for _ in range(10):
-                a @ b
-            best = min(best, (time.perf_counter() - t0) / 10)
-    return 2 * 4096 * 128 * 384 / best
+def gemm_rate(fn=None, x=None, mask=None, repeats: int = 7, warmup_s: float = 0.5):
+    """This machine's fp32 GEMM rate on the matmuls one call ``fn(x, mask)`` performs (without ``fn``: SIFT's typical
+    shape, [4096, 128] @ [128, 384]), best of ``repeats`` after a warm-up: a :class:`sift.bench.GemmRate`."""
+    from sift.bench import gemm_rate as measure
+    from sift.bench import gemm_shapes
+
+    gemms = gemm_shapes(fn, x, mask) if fn is not None else None
+    return measure(gemms or None, repeats=repeats, warmup_s=warmup_s)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -120,6 +115,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--chunk", type=int, default=128, help="fast/int8: traces per length bucket (0 = one)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--roofline-repeats", type=int, default=7, help="timed repeats of the GEMM rate (best is kept)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print one JSON line per implementation only")
     a = ap.parse_args(argv)
@@ -172,8 +168,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     roofline = None
     if dev.type == "cpu" and "fast" in impls:
         fl = flops_per_trace(impls["fast"], x, mask)
-        rate = gemm_rate(torch.get_num_threads())
-        roofline = {"flops_per_trace": fl, "gemm_flops_per_s": rate, "max_traces_per_s": rate / fl}
+        measured = gemm_rate(impls["fast"], x, mask, repeats=a.roofline_repeats)
+        rate = measured.rate.best
+        roofline = {"flops_per_trace": fl, "gemm_flops_per_s": rate, "max_traces_per_s": rate / fl,
+                    "gemm_rate": measured.as_dict()}
     for name in a.impl:
         fn = impls[name]
         check = ""
@@ -186,8 +184,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
             dp = (torch.sigmoid(fn(x, mask)[0]) - torch.sigmoid(ref_logits)).abs().max().item()
             check = f"max |ΔP| vs fp32 {dp:.1e}"
         wall, cpu = _time(fn, x, mask, a.iters, a.warmup, sync)
-        med, cpu_med = wall[len(wall) // 2], cpu[len(cpu) // 2]
-        res = {"impl": name, "traces_per_s": a.batch / med, "best_traces_per_s": a.batch / wall[0],
+        med, cpu_med = wall.median, cpu.median
+        rates = wall.rate(a.batch)
+        res = {"impl": name, "traces_per_s": a.batch / med, "best_traces_per_s": rates.best,
+               "traces_per_s_spread": rates.as_dict(),
                "traces_per_cpu_s": a.batch / cpu_med if dev.type == "cpu" and cpu_med > 0 else None,
                "batch": a.batch, "t_max": a.t_max, "mean_len": float(lengths.float().mean()),
                "lengths": src, "channels": C, "device": str(dev), "threads": torch.get_num_threads(),
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(json.dumps(res))
         else:
             print(f"SIFT {name:9s}: {res['traces_per_s']:8,.0f} traces/s (median of {a.iters}; best "
-                  f"{res['best_traces_per_s']:,.0f})"
+                  f"{rates.best:,.0f}, min–max {rates.min:,.0f}–{rates.max:,.0f})"
                   + (f", {res['traces_per_cpu_s']:,.0f} traces/CPU-s" if res["traces_per_cpu_s"] else "")
                   + (f"; {check}" if check else ""))
     if not a.json:
@@ -206,9 +206,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"{src}, batch mean length {res['mean_len']:.1f}, {res['parameters']:,} parameters, torch "
               f"{torch.__version__}")
         if roofline:
+            g = measured.rate
             print(f"  roofline: {roofline['flops_per_trace'] / 1e6:.1f} MFLOP per trace (fast path, matmul/conv/"
-                  f"attention only); this machine's fp32 GEMM rate at {torch.get_num_threads()} threads "
-                  f"{roofline['gemm_flops_per_s'] / 1e9:.1f} GFLOP/s → at most "
+                  f"attention only); this machine's fp32 GEMM rate at {torch.get_num_threads()} threads on the fast "
+                  f"path's own {sum(measured.gemms.values())} matmuls ({len(measured.gemms)} shapes): best "
+                  f"{g.best / 1e9:.1f} GFLOP/s of {len(g.values)} repeats after a warm-up (min / median / max "
+                  f"{g.min / 1e9:.1f} / {g.median / 1e9:.1f} / {g.max / 1e9:.1f}) → at most "
                   f"{roofline['max_traces_per_s']:,.0f} traces/s in fp32 for this architecture")
     return results
 

@@ -104,7 +104,9 @@ class HFCorpusConfig:
     conditions: list[str] = field(default_factory=lambda: list(AXES))
     family_conditions: str = "all"  # what the second model generates: "all" conditions or only "base"
     family_items: int | None = None  # the second model generates on the first this many items only (None: all)
-    backend: str = "hf"  # free generation: hf (transformers, CPU or GPU) | vllm (GPU; pip install 'sift[vllm]')
+    #: free generation: hf (transformers, CPU or GPU) | vllm (GPU; pip install 'sift[vllm]') | llamacpp (the .gguf
+    #: file itself, CPU; pip install 'sift[llamacpp]'); verification and extraction stay in transformers
+    backend: str = "hf"
     seed: int = 0
     cue: CueMixture = field(default_factory=lambda: CueMixture(p_cue=0.5))
     do_sample: bool = False
@@ -153,8 +155,16 @@ class HFCorpusConfig:
                 raise SiftError(f"items[{i}].kind: unknown {spec.kind!r}; expected one of {', '.join(kinds)}")
             if spec.kind != "reasoning_gym" and spec.kind != "mgsm_symbolic" and not spec.path:
                 raise SiftError(f"items[{i}] ({spec.kind}) needs path: the local file or folder")
-        if self.backend not in ("hf", "vllm"):
-            raise SiftError(f"backend must be 'hf' or 'vllm', got {self.backend!r}")
+        if self.backend not in ("hf", "vllm", "llamacpp"):
+            raise SiftError(f"backend must be 'hf', 'vllm' or 'llamacpp', got {self.backend!r}")
+        if self.backend == "llamacpp":
+            from sift.lm.llamacpp_backend import gguf_path
+
+            for k, m in enumerate(self.models):
+                try:
+                    gguf_path(m)
+                except SiftError as e:
+                    raise SiftError(f"models[{k}]: {e}") from None
         if self.family_items is not None and self.family_items < 1:
             raise SiftError(f"family_items must be positive or null, got {self.family_items}")
         if self.family_conditions not in ("all", "base"):

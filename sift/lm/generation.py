@@ -9,9 +9,10 @@ Sampling is seeded per prompt: each row draws its tokens from its own random str
 so a prompt's sampled continuation does not depend on the batch it lands in, its position there or its
 neighbours (up to float rounding of padded batches).
 
-Free generation goes through a backend (:func:`make_backend`): :class:`HFBackend` (transformers, any device)
-or :class:`sift.lm.vllm_backend.VLLMBackend` (vLLM, GPU). Verification and hidden-state extraction stay in
-transformers (teacher-forced) whichever backend generated the tokens.
+Free generation goes through a backend (:func:`make_backend`): :class:`HFBackend` (transformers, any device),
+:class:`sift.lm.vllm_backend.VLLMBackend` (vLLM, GPU) or :class:`sift.lm.llamacpp_backend.LlamaCppBackend`
+(llama.cpp on the ``.gguf`` file, CPU). Verification and hidden-state extraction stay in transformers
+(teacher-forced) whichever backend generated the tokens.
 """
 
 from __future__ import annotations
@@ -293,13 +294,16 @@ class HFBackend:
         return out  # type: ignore[return-value]
 
 
-BACKENDS = ("hf", "vllm")
+BACKENDS = ("hf", "vllm", "llamacpp")
 
 
 def make_backend(kind: str, model_name_or_path: str | None = None, model=None, tokenizer=None, *,
                  batch_size: int = 64, device: str = "cpu", dtype: str | None = None, **kw):
-    """A generation backend: ``hf`` (the loaded ``model`` + ``tokenizer``) or ``vllm`` (loads
-    ``model_name_or_path`` itself, a GGUF file through its converted folder; extra ``kw`` go to ``vllm.LLM``)."""
+    """A generation backend: ``hf`` (the loaded ``model`` + ``tokenizer``), ``vllm`` (loads
+    ``model_name_or_path`` itself, a GGUF file through its converted folder; extra ``kw`` go to ``vllm.LLM``) or
+    ``llamacpp`` (reads ``model_name_or_path``, which must be a ``.gguf`` file; extra ``kw`` go to
+    :class:`sift.lm.llamacpp_backend.LlamaCppBackend`). The eos is the ``tokenizer``'s where one is given, so every
+    backend stops at the same token."""
     if kind == "hf":
         if model is None or tokenizer is None:
             raise SiftError("the hf generation backend needs a loaded model and tokenizer")
@@ -313,4 +317,12 @@ def make_backend(kind: str, model_name_or_path: str | None = None, model=None, t
 
         eos = tokenizer.eos_token_id if tokenizer is not None else None
         return VLLMBackend(model_name_or_path, eos_id=eos, dtype=dtype, device=device, batch_size=batch_size, **kw)
+    if kind == "llamacpp":
+        if model_name_or_path is None:
+            raise SiftError("the llamacpp generation backend needs the path of the .gguf file")
+        from sift.lm.llamacpp_backend import LlamaCppBackend
+
+        eos = tokenizer.eos_token_id if tokenizer is not None else None
+        # dtype is the hf side's (verification, extraction); llama.cpp computes with the file's own quantisation
+        return LlamaCppBackend(model_name_or_path, eos_id=eos, batch_size=batch_size, device=device, **kw)
     raise SiftError(f"unknown generation backend {kind!r}; expected one of {', '.join(BACKENDS)}")

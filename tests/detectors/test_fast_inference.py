@@ -158,4 +158,7 @@ def test_benchmark_roofline_counts_matmul_flops_per_trace():
     lin = torch.nn.Linear(128, 256)
     x, mask = torch.randn(8, 10, 128), torch.ones(8, 10, dtype=torch.bool)
     assert bench.flops_per_trace(lambda a, m: lin(a), x, mask) == 2 * 10 * 128 * 256
-    assert bench.gemm_rate(1, repeats=2) > 1e8  # any CPU multiplies faster than 0.1 GFLOP/s
+    assert bench.gemm_rate(repeats=2, warmup_s=0.05).rate.best > 1e8  # any CPU multiplies faster than 0.1 GFLOP/s
+    own = bench.gemm_rate(lambda a, m: lin(a), x, mask, repeats=2, warmup_s=0.05)  # the model's own matmuls
+    assert own.gemms == {("mm", ((80, 128), (128, 256))): 1} and own.flops_per_pass == 2 * 80 * 128 * 256
+    assert len(own.rate.values) == 2 and own.rate.best > 1e8

@@ -89,7 +89,9 @@ class LMSource:
         self.batch_size, self.system_prompt, self.response_prefix = batch_size, system_prompt, response_prefix
         if tokenizer.pad_token_id is None:
             raise SiftError(f"model {model_id}: the tokenizer has neither a pad nor an eos token")
-        # free generation goes through the backend (hf or vllm); answer re-decodes stay in transformers
+        # free generation goes through the backend (hf, vllm or llamacpp: these two read model_id, the name or the
+        # .gguf file given); answer re-decodes and the interventions that write again (self.greedy, sampling too
+        # when the traces sample) stay in transformers, so labels never depend on the generation backend
         self.backend = make_backend(backend, model_id, model, tokenizer, batch_size=batch_size, device=device,
                                     dtype=dtype)
         self.greedy = make_backend("hf", model_id, model, tokenizer, batch_size=batch_size, device=device,
@@ -401,11 +403,12 @@ def _run_generations(src: LMSource, records: list[dict], items: list[LMItem], jo
         return
     from sift.lm.generation import trace_seed
 
-    # decoded as the trace was: greedy, or sampled with the trace's own seed
+    # decoded as the trace was: greedy, or sampled with the trace's own seed; in transformers (src.greedy) whatever
+    # backend generated the traces, so that a label depends on the trace's ids only
     seeds = [trace_seed(records[k]["trace_id"].rsplit("|", 1)[0], cfg.seed) for k, *_ in jobs] \
         if cfg.do_sample else None
     outs = src.generate([p for _, _, p, _ in jobs], max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample,
-                        temperature=cfg.temperature, top_p=cfg.top_p, seeds=seeds)
+                        temperature=cfg.temperature, top_p=cfg.top_p, seeds=seeds, backend=src.greedy)
     force = []
     for (k, tag, prompt, head), ids in zip(jobs, outs):
         item, t = items[k], records[k]["_tests"]
