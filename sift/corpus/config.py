@@ -104,6 +104,10 @@ class HFCorpusConfig:
     conditions: list[str] = field(default_factory=lambda: list(AXES))
     family_conditions: str = "all"  # what the second model generates: "all" conditions or only "base"
     family_items: int | None = None  # the second model generates on the first this many items only (None: all)
+    #: chunk jobs at a time for the second model (None: the corpus's ``workers``). Each model's chunks run as
+    #: jobs of their own, one model in memory per process; 1 runs the second model's chunks in the main process
+    #: on every core, so one copy of the larger model is resident (a 16 GB laptop). Not part of the corpus key.
+    family_workers: int | None = None
     #: free generation: hf (transformers, CPU or GPU) | vllm (GPU; pip install 'sift[vllm]') | llamacpp (the .gguf
     #: file itself, CPU; pip install 'sift[llamacpp]'); verification and extraction stay in transformers
     backend: str = "hf"
@@ -167,6 +171,9 @@ class HFCorpusConfig:
                     raise SiftError(f"models[{k}]: {e}") from None
         if self.family_items is not None and self.family_items < 1:
             raise SiftError(f"family_items must be positive or null, got {self.family_items}")
+        if self.family_workers is not None and (isinstance(self.family_workers, bool)
+                                                or not isinstance(self.family_workers, int) or self.family_workers < 1):
+            raise SiftError(f"family_workers must be a positive integer or null, got {self.family_workers!r}")
         if self.family_conditions not in ("all", "base"):
             raise SiftError(f"family_conditions must be 'all' or 'base', got {self.family_conditions!r}")
         unknown = [t for t in self.interventions if t not in REAL_INTERVENTIONS]

@@ -51,7 +51,7 @@ CHUNKS = JobLabels(tag="corpus", noun="chunk", log_root="logs", job_name="sift-c
 class ChunkSpec:
     """One corpus chunk as a job: build it and write its part file (atomically)."""
 
-    key: str  # "0003": the chunk's index
+    key: str  # "0003": the chunk's index (with a model: "0003-m1")
     part: str  # the finished chunk's JSON Lines file
     build: ChunkBuild
     chunk: Any
@@ -84,22 +84,27 @@ def engine_config(executor: Mapping[str, Any] | DictConfig | None = None, worker
 
 
 def run_chunks(chunks: Sequence, parts_dir: Path, chash: str, build: ChunkBuild, *, desc: str,
-               progress: bool = True, engine: DictConfig | None = None, gpus: int = 0) -> tuple[list[dict], int]:
+               progress: bool = True, engine: DictConfig | None = None, gpus: int = 0,
+               part_names: Sequence[str] | None = None) -> tuple[list[dict], int]:
     """Build each chunk once: a finished chunk lives in ``parts_dir`` under the config hash and is reused.
 
     The chunks not yet built run as jobs on ``engine`` (:func:`engine_config`; default: one after the other in
     this process): ``workers`` local processes with one torch thread each, or a SLURM array job, ``gpus`` GPUs
     each; a failed chunk is retried ``executor.retries`` times. Chunks are fixed by item index and every record
     is read back from its part file in chunk order, so the corpus does not depend on the engine or ``workers``.
+    ``part_names``: each chunk's part file stem (default ``chunk-<index>``), then ``-<chash>.jsonl``.
     """
     from sift.engine import run_jobs
 
     engine = engine if engine is not None else engine_config()
     parts_dir.mkdir(parents=True, exist_ok=True)
-    parts = [parts_dir / f"chunk-{ci:04d}-{chash}.jsonl" for ci in range(len(chunks))]
+    stems = part_names if part_names is not None else [f"chunk-{ci:04d}" for ci in range(len(chunks))]
+    if len(stems) != len(chunks):
+        raise SiftError(f"run_chunks: {len(stems)} part names for {len(chunks)} chunks")
+    parts = [parts_dir / f"{stem}-{chash}.jsonl" for stem in stems]
     pooled = engine.executor.kind == "local" and min(int(engine.workers), len(chunks)) > 1
-    todo = [ChunkSpec(f"{ci:04d}", str(p), build, c, 1 if pooled else None)
-            for ci, (c, p) in enumerate(zip(chunks, parts)) if not p.exists()]
+    todo = [ChunkSpec(stem.removeprefix("chunk-"), str(p), build, c, 1 if pooled else None)
+            for stem, c, p in zip(stems, chunks, parts) if not p.exists()]
     reused = len(chunks) - len(todo)
     with tqdm(total=len(chunks), initial=reused, desc=desc, disable=not progress) as bar:
         if todo:

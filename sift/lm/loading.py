@@ -11,7 +11,6 @@ other stages (hidden-state extraction, vLLM), use that folder (:func:`resolve_mo
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import shutil
@@ -242,32 +241,13 @@ def _complete(folder: Path) -> bool:
     return (folder / RECORD).is_file() and (folder / "config.json").is_file()
 
 
-def _drop_gguf_marker(model) -> None:
-    """transformers (5) marks a model read from GGUF as ``gguf``-quantised and refuses to save it, though its weights
-    are plain de-quantised tensors; unmark it so that it saves (and reloads) as an ordinary model."""
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    if getattr(model, "is_quantized", False):
-        model.is_quantized = False
-    model.__dict__.pop("quantization_method", None)
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-
-
 def _gguf_to_folder(path: Path, out: Path) -> None:
-    """De-quantise the GGUF file at ``path`` through transformers and save it as a model folder ``out``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """De-quantise the GGUF file at ``path`` into the model folder ``out``, one tensor at a time
+    (:func:`sift.lm.gguf_convert.gguf_to_folder`: the same tensors as transformers' GGUF loader, at a third of its
+    peak memory)."""
+    from sift.lm.gguf_convert import gguf_to_folder
 
-    kwargs = {"local_files_only": True, "gguf_file": path.name}
-    tok = AutoTokenizer.from_pretrained(str(path.parent), **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), dtype=torch.float32, **kwargs)
-    _drop_gguf_marker(model)
-    save_kw = {}
-    if "safe_serialization" in inspect.signature(model.save_pretrained).parameters:
-        save_kw["safe_serialization"] = True  # transformers 4; 5 writes safetensors only
-    model.save_pretrained(str(out), **save_kw)
-    tok.save_pretrained(str(out))
+    gguf_to_folder(path, out, progress=False)
 
 
 def convert_gguf(path: str | Path) -> Path:
@@ -304,7 +284,8 @@ def convert_gguf(path: str | Path) -> Path:
             _atomic_write_json(tmp / RECORD, {
                 "source": str(path), "sha256": gguf_sha256(path), "size": path.stat().st_size,
                 "transformers_version": transformers.__version__, "sift_version": __version__,
-                "dtype": "float32", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                "dtype": "float32", "converter": "sift.lm.gguf_convert",
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
             if folder.exists() and not _complete(folder):  # incomplete (not written by us): move it aside
                 stale = folder.parent / f".{folder.name}.tmp-stale-{uuid.uuid4().hex}"
                 os.rename(folder, stale)
@@ -365,6 +346,8 @@ def load_causal_lm(name_or_path: str, *, device: str = "cpu", dtype: str | None 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from sift.lm.weights import load_streaming
+
     kwargs: dict = {"local_files_only": True}
     dtype = resolve_dtype(dtype, device)
     if dtype is not None:
@@ -378,7 +361,13 @@ def load_causal_lm(name_or_path: str, *, device: str = "cpu", dtype: str | None 
             raise PermanentError(f"{path}: no config.json; not a Hugging Face model folder")
         try:
             tok = AutoTokenizer.from_pretrained(str(path), **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+            # streamed tensor by tensor where the folder's names are the model's (peak: the model plus one
+            # tensor, sift.lm.weights); else transformers' loader
+            model = load_streaming(path, dtype)
+            if model is None:
+                model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        except PermanentError:
+            raise
         except Exception as e:
             raise PermanentError(f"{path}: could not load model ({type(e).__name__}: {str(e).splitlines()[0]})") from e
     elif _looks_like_path(name_or_path):

@@ -119,8 +119,44 @@ def test_resume_reuses_chunks(built):
     cfg, out, manifest = built
     before = (out / "traces.jsonl").read_text()
     again = build_hf_corpus(cfg, out, progress=False)
-    assert again["chunks_reused"] == 2 and (out / "traces.jsonl").read_text() == before
+    # each model's chunks are jobs of their own: 2 chunks x 2 models
+    assert again["chunks_reused"] == 4 and (out / "traces.jsonl").read_text() == before
     assert again["axes"] == manifest["axes"]
+
+
+def test_records_are_in_chunk_order_with_every_model_of_a_chunk_together(built):
+    cfg, out, _ = built
+    traces = _read(out / "traces.jsonl")
+    ids = [it.item_id for it in rc.load_corpus_items(cfg)]
+    chunk = {i: k // cfg.chunk_items for k, i in enumerate(ids)}
+    keys = [(chunk[t["base_item"]], cfg.labels().index(t["family"])) for t in traces]
+    assert keys == sorted(keys) and {f for _, f in keys} == {0, 1}
+
+
+def test_second_model_in_this_process_gives_the_same_corpus_and_reuses_parts(built, tmp_path):
+    """family_workers=1 runs the second model's chunks here (one copy of it in memory): the same bytes, and it is
+    not part of the corpus key (a build with other family_workers reuses every part)."""
+    from dataclasses import replace
+
+    from sift.corpus.store import engine_config
+
+    cfg, out, _ = built
+    m = build_hf_corpus(replace(cfg, family_workers=1), tmp_path, progress=False, engine=engine_config(None, 2))
+    for name in ("traces.jsonl", "pairs.jsonl"):
+        assert (tmp_path / name).read_bytes() == (out / name).read_bytes()
+    assert m["config_hash"] == build_hf_corpus(cfg, tmp_path, progress=False)["config_hash"]
+    assert build_hf_corpus(cfg, tmp_path, progress=False)["chunks_reused"] == 4
+
+
+def test_one_model_resident_per_process(tiny_dirs):
+    cfg = HFCorpusConfig(models=[str(tiny_dirs["gpt2"]), str(tiny_dirs["llama"])], n_items=2)
+    try:
+        a = rc.lm_source(cfg, "h", 0)
+        assert rc.lm_source(cfg, "h", 0) is a and list(rc._LOADED) == [cfg.labels()[0]]
+        rc.lm_source(cfg, "h", 1)
+        assert list(rc._LOADED) == [cfg.labels()[1]]  # the first was freed before the second loaded
+    finally:
+        rc._LOADED.clear()
 
 
 def test_chunks_in_two_worker_processes_give_the_same_corpus(built, tmp_path):

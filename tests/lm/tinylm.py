@@ -53,8 +53,9 @@ def make_model(arch: str, tok, seed: int = 0):
     return LlamaForCausalLM(cfg).eval()
 
 
-def write_tiny_llama_gguf(path, model, tok) -> None:
-    """A float32 llama GGUF with a byte-level BPE (``gpt2``) vocabulary, as llama.cpp's converter lays it out."""
+def write_tiny_llama_gguf(path, model, tok, quantize: bool = False) -> None:
+    """A float32 llama GGUF with a byte-level BPE (``gpt2``) vocabulary, as llama.cpp's converter lays it out;
+    ``quantize``: its matrices in Q8_0 (blocks of 32 along a row), the norms float32, as a quantised file has."""
     import gguf
 
     cfg = model.config
@@ -70,7 +71,7 @@ def write_tiny_llama_gguf(path, model, tok) -> None:
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     w.add_vocab_size(cfg.vocab_size)
-    w.add_file_type(0)  # all float32
+    w.add_file_type(7 if quantize else 0)  # 7 = mostly Q8_0, 0 = all float32
     spec = json.loads(tok.backend_tokenizer.to_str())
     tokens = [""] * len(tok)
     for t, i in spec["model"]["vocab"].items():
@@ -87,6 +88,15 @@ def write_tiny_llama_gguf(path, model, tok) -> None:
     w.add_pad_token_id(tok.pad_token_id)
     w.add_chat_template(tok.chat_template)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    add = w.add_tensor
+
+    def add_tensor(name, x):
+        if quantize and x.ndim == 2:
+            q = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0)
+            return add(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        return add(name, x)
+
+    w.add_tensor = add_tensor
 
     def permute(x, n_head):  # llama.cpp's rotary layout for q/k (transformers undoes it on load)
         return x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)

@@ -31,6 +31,7 @@ a rerun with the same config; ``traces.jsonl``, ``pairs.jsonl`` and ``manifest.j
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import inspect
 import random
@@ -575,38 +576,58 @@ def load_corpus_items(cfg: HFCorpusConfig) -> list[LMItem]:
     return items
 
 
-#: models loaded in this process, by family label: (corpus config hash, source); a chunk worker keeps its models
-#: for its next chunks, and :func:`build_hf_corpus` drops them when it returns
+#: the model loaded in this process, by family label: (corpus config hash, source); one at a time, so a chunk
+#: worker keeps its model for its next chunks, and :func:`build_hf_corpus` drops it when it returns
 _LOADED: dict[str, tuple[str, LMSource]] = {}
 
 
 def lm_source(cfg: HFCorpusConfig, chash: str, k: int) -> LMSource:
-    """Model ``k`` of ``cfg``, loaded once per process and corpus hash."""
+    """Model ``k`` of ``cfg``, loaded once per process and corpus hash; any other model this process holds is
+    freed first (one model resident per process)."""
     fam = cfg.labels()[k]
     if _LOADED.get(fam, ("",))[0] != chash:
-        _LOADED.pop(fam, None)
+        _LOADED.clear()
+        gc.collect()
         _LOADED[fam] = (chash, LMSource.load(fam, cfg.models[k], device=cfg.device, dtype=cfg.dtype,
                                              batch_size=cfg.batch_size, system_prompt=cfg.system_prompt,
                                              backend=cfg.backend, response_prefix=cfg.response_prefix))
     return _LOADED[fam][1]
 
 
-def chunk_records(cfg: HFCorpusConfig, chash: str, chunk: list[LMItem],
+class _OneAtATime(Mapping):
+    """family → model, loading each when asked for (and freeing the one before): the models of ``cfg`` read one
+    after the other, e.g. for the prompt-state pass, without two in memory."""
+
+    def __init__(self, cfg: HFCorpusConfig, chash: str, given: Mapping[str, LMSource]):
+        self.cfg, self.chash, self.given, self.labels = cfg, chash, given, cfg.labels()
+
+    def __getitem__(self, fam: str) -> LMSource:
+        if fam in self.given:
+            return self.given[fam]
+        if fam not in self.labels:
+            raise KeyError(fam)
+        return lm_source(self.cfg, self.chash, self.labels.index(fam))
+
+    def __iter__(self):
+        return iter(self.labels)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+def chunk_records(cfg: HFCorpusConfig, chash: str, k: int, chunk: list[LMItem],
                   sources: Mapping[str, LMSource] | None = None,
                   family_ids: frozenset[str] | None = None) -> list[dict]:
-    """Every model's verified records of one chunk (a corpus job: picklable through ``functools.partial``);
+    """Model ``k``'s verified records of one chunk (a corpus job: picklable through ``functools.partial``);
     ``sources`` (family → model in memory) skip loading; ``family_ids``: the items the second model generates
     on (None: all)."""
-    labels = cfg.labels()
-    recs: list[dict] = []
-    for k in range(len(cfg.models)):
-        conds = cfg.conditions if k == 0 or cfg.family_conditions == "all" else ["base"]
-        mine = chunk if k == 0 or family_ids is None else [it for it in chunk if it.item_id in family_ids]
-        if not mine:
-            continue
-        src = sources[labels[k]] if sources and labels[k] in sources else lm_source(cfg, chash, k)
-        recs += build_chunk_for(src, mine, cfg, chash, conds)
-    return recs
+    fam = cfg.labels()[k]
+    conds = cfg.conditions if k == 0 or cfg.family_conditions == "all" else ["base"]
+    mine = chunk if k == 0 or family_ids is None else [it for it in chunk if it.item_id in family_ids]
+    if not mine:
+        return []
+    src = sources[fam] if sources and fam in sources else lm_source(cfg, chash, k)
+    return build_chunk_for(src, mine, cfg, chash, conds)
 
 
 def chunk_gpus(engine: DictConfig | None, device: str) -> int:
@@ -645,7 +666,8 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
             check_model(m)
     # model fingerprints (weights of a folder or file; the name for a cached hub model) are part of the key
     # ... and the resolved dtype (auto gives bfloat16 or float32 by hardware, with different ids)
-    chash = config_hash({**asdict(cfg), "pipeline_version": PIPELINE_VERSION,
+    own = {k: v for k, v in asdict(cfg).items() if k != "family_workers"}  # how chunks run is not what they hold
+    chash = config_hash({**own, "pipeline_version": PIPELINE_VERSION,
                          "models": [model_fingerprint(m) for m in cfg.models],
                          "dtype": resolve_dtype(cfg.dtype, cfg.device)})
     parts = out_dir / ".parts"
@@ -660,20 +682,41 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
         build = partial(chunk_records, cfg, chash, sources=sources, family_ids=family_ids)
     else:
         build = partial(chunk_records, cfg, chash, family_ids=family_ids)
-    t0 = time.time()
     engine = engine if engine is not None else engine_config()
-    records, reused = run_chunks(chunks, parts, chash, build, desc="real-LM corpus chunks", progress=progress,
-                                 engine=engine, gpus=chunk_gpus(engine, cfg.device))
+    t_conv = time.time()
+    if not sources:  # a GGUF file is converted here, once, before any worker could convert it beside another
+        from sift.lm.loading import resolve_model_path
+
+        for m in cfg.models:
+            resolve_model_path(m)
+    t0 = time.time()
+    # each model's chunks are jobs of their own (one model per process); records are read back in chunk order,
+    # every model's records of a chunk together, as if one job had built them
+    chunk_of = {it.item_id: ci for ci, c in enumerate(chunks) for it in c}
+    records, reused, n_jobs = [], 0, 0
+    for k, fam in enumerate(labels):
+        if k == 0 or cfg.family_workers is None or engine.executor.kind != "local":
+            eng = engine
+        else:
+            eng = engine_config(engine.executor, cfg.family_workers)
+        mine = [c for c in chunks if k == 0 or family_ids is None or any(it.item_id in family_ids for it in c)]
+        recs, r = run_chunks(mine, parts, chash, partial(build, k), desc=f"real-LM corpus chunks ({fam})",
+                             progress=progress, engine=eng, gpus=chunk_gpus(eng, cfg.device),
+                             part_names=[f"chunk-{chunk_of[c[0].item_id]:04d}-m{k}" for c in mine])
+        records += recs
+        reused += r
+        n_jobs += len(mine)
+        _LOADED.clear()  # this process's model (chunks run here with one worker) is not needed by the next model
+    records.sort(key=lambda rec: chunk_of[rec["base_item"]])  # stable: model order within a chunk
     gen_seconds = time.time() - t0
     pairs = build_pairs(records, labels, cfg.conditions)
     from sift.corpus.audit import prompt_states_for
 
     # the prompt-only control needs the models: those given, else when this job built a chunk (as before jobs:
-    # a fully reused corpus skips it); loaded here once if the chunks ran in other processes
-    loaded: dict[str, LMSource] = dict(sources or {})
-    if reused < len(chunks):
-        loaded.update({labels[k]: lm_source(cfg, chash, k) for k in range(len(cfg.models))
-                       if labels[k] not in loaded})
+    # a fully reused corpus skips it); one model in memory at a time, loaded here if the chunks ran elsewhere
+    loaded: Mapping[str, LMSource] = dict(sources or {})
+    if reused < n_jobs:
+        loaded = _OneAtATime(cfg, chash, loaded)
     states, why = prompt_states_for(loaded, records)  # one pass over the prompts
     manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
                               seconds=round(time.time() - t0, 1), chunks_reused=reused, prompt_states=states,
@@ -683,7 +726,8 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
     manifest["throughput"] = {  # free generation + verification re-decodes of the chunks built by this run
         "backend": cfg.backend, "device": cfg.device, "dtype": resolve_dtype(cfg.dtype, cfg.device),
         "generated_tokens": tokens, "traces": len(records),
-        "seconds": round(gen_seconds, 1), "chunks_built": len(chunks) - reused,
+        "seconds": round(gen_seconds, 1), "chunks_built": n_jobs - reused,
+        "conversion_seconds": round(t0 - t_conv, 1),  # GGUF files de-quantised by this run (0 when cached)
         "tokens_per_s": round(tokens / gen_seconds, 2) if reused == 0 and gen_seconds > 0 else None,
         "traces_per_s": round(len(records) / gen_seconds, 3) if reused == 0 and gen_seconds > 0 else None}
     manifest["models"] = dict(zip(labels, cfg.models))  # where each model was loaded from (stages reload them)
