@@ -59,8 +59,12 @@ class TokenStepEmbedding(nn.Module):
         present = ids >= 0  # [B, S, K]
         n = present.sum(-1)  # tokens per step
         mask = (n > 0) & (segment >= 0)
-        e = self.token(ids.clamp_min(0).remainder(self.buckets)) * present[..., None].to(self.token.weight.dtype)
-        x = e.sum(2) / n.clamp_min(1)[..., None].to(e.dtype)  # mean over the step's tokens
+        # mean over the step's tokens as a weighted bag (weight 1/n per present token, 0 for padding), so the
+        # [B, S, K, dim] tensor of per-token embeddings is never built (2.5 GB per real-LM training run)
+        B, S, K = ids.shape
+        w = present.to(self.token.weight.dtype) / n.clamp_min(1)[..., None].to(self.token.weight.dtype)
+        x = F.embedding_bag(ids.clamp_min(0).remainder(self.buckets).reshape(B * S, K), self.token.weight,
+                            per_sample_weights=w.reshape(B * S, K), mode="sum").reshape(B, S, self.dim)
         seg = segment.clamp(0, self.n_segments - 1)
         onehot = F.one_hot(seg, self.n_segments) * mask[..., None]  # [B, S, n_segments]
         pos = ((onehot.cumsum(1) * onehot).sum(-1) - 1).clamp(0, self.max_positions - 1)  # index within its segment

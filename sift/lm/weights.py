@@ -94,3 +94,20 @@ def load_streaming(folder: Path, dtype: str | None):
     if (folder / "generation_config.json").exists():
         model.generation_config = GenerationConfig.from_pretrained(str(folder))
     return model
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc ``malloc_trim``; a no-op elsewhere):
+    a freed model's weights otherwise stay in the process's RSS, and the next model is counted on top."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass

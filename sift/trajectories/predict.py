@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from sift import __version__
 from sift.errors import SiftError
 from sift.lm.states import model_dims
+from sift.lm.weights import release_memory
 from sift.provenance import file_sha256, model_fingerprint
 from sift.trajectories import cache as C
 from sift.trajectories.extract import SCALAR_NAMES, ExtractConfig, Extractor
@@ -232,12 +233,19 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
                         f"(models: {', '.join(models) or 'none'})")
     index.offsets = {m: index.offsets[m] for m in wanted if m in index.offsets}
     corpus_sha = file_sha256(corpus_dir / "traces.jsonl", limit=None)
-    mods, toks, keys, meta, info = {}, {}, {}, {}, {}
+    keys, meta, info = {}, {}, {}
     from sift.lm.loading import resolve_dtype
 
     on_gpu = str((trainer_kwargs or {}).get("accelerator", "cpu")) in ("gpu", "cuda")
     dtype = resolve_dtype(dtype, "cuda" if on_gpu else "cpu")
-    for m in index.offsets:
+    kw = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_model_summary=False,
+              enable_progress_bar=progress, use_distributed_sampler=False, inference_mode=True)
+    kw.update(trainer_kwargs or {})
+    warnings.filterwarnings("ignore", message=".*infer the batch indices.*")
+    n_shards = sum(-(-len(offs) // cfg.shard_size) for offs in index.offsets.values())
+    computed, written, tasks = [], [], []
+    is_zero = True
+    for m in index.offsets:  # one model in memory at a time: loaded, its shards extracted, freed
         model, tok = (loaded or {}).get(m) or _load(models[m], dtype)
         dims = model_dims(model)
         _check_corpus_vs_model(corpus_dir, index, m, models[m], dims, tok)
@@ -247,24 +255,27 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
         # the weights' dtype changes the states (bfloat16 vs float32), so it is part of the cache key
         weights_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
         keys[m] = C.cache_key(corpus_sha, fp, m, {**cfg.key_fields(), "weights_dtype": weights_dtype})
-        mods[m], toks[m] = model, tok
         ex_channels = Extractor(model, cfg, tokenizer=tok).channels
         meta[m] = {"model": m, "channels": ex_channels, "profile_names": profile_names(cfg.interventions), **dims}
         info[m] = {"path": str(models[m]), "fingerprint": fp, "key": keys[m], **dims, "channels": ex_channels,
                    "scalar_names": SCALAR_NAMES, "profile_names": profile_names(cfg.interventions),
                    "n_traces": len(index.offsets[m])}
-    tasks = plan_shards(index, out_dir, keys, cfg.shard_size)
-    module = ExtractionModule(mods, toks, cfg, names=models)
-    writer = ShardWriter(meta, total=len(tasks), progress=progress)
-    kw = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_model_summary=False,
-              enable_progress_bar=progress, use_distributed_sampler=False, inference_mode=True)
-    kw.update(trainer_kwargs or {})
-    trainer = pl.Trainer(callbacks=[writer, *(callbacks or [])], **kw)
-    warnings.filterwarnings("ignore", message=".*infer the batch indices.*")
-    trainer.predict(module, datamodule=ShardDataModule(corpus_dir / "traces.jsonl", tasks), return_predictions=False)
-    trainer.strategy.barrier()
-    extract_corpus.last_run = {"computed": list(module.computed), "written": list(writer.written)}  # type: ignore[attr-defined]
-    if not trainer.is_global_zero:
+        mine = plan_shards(C.CorpusIndex(**{**vars(index), "offsets": {m: index.offsets[m]}}), out_dir, keys,
+                           cfg.shard_size)
+        tasks += mine
+        module = ExtractionModule({m: model}, {m: tok}, cfg, names=models)
+        writer = ShardWriter(meta, total=n_shards, progress=progress)
+        writer.written = written  # one count across the models
+        trainer = pl.Trainer(callbacks=[writer, *(callbacks or [])], **kw)
+        trainer.predict(module, datamodule=ShardDataModule(corpus_dir / "traces.jsonl", mine),
+                        return_predictions=False)
+        trainer.strategy.barrier()
+        computed += module.computed
+        is_zero = trainer.is_global_zero
+        del module, model, trainer
+        release_memory()
+    extract_corpus.last_run = {"computed": computed, "written": list(written)}  # type: ignore[attr-defined]
+    if not is_zero:
         return None
     bad = [(t.path, why) for t in tasks if (why := C.shard_problem(t.path, t.key)) is not None]
     if bad:
@@ -279,7 +290,7 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
         "corpus": {"dir": str(corpus_dir.resolve()), "traces": index.n, "sha256": corpus_sha},
         "model_field": model_field, "config": asdict(cfg), "models": info,
         "seconds": round(time.time() - t0, 2),
-        "shards": {"total": len(tasks), "computed_by_rank0": len(module.computed)},
+        "shards": {"total": len(tasks), "computed_by_rank0": len(computed)},
         "provenance": provenance(cfg.key_fields(), model_ids={m: models[m] for m in info}),
     }
     C.write_manifest(out_dir, manifest)

@@ -178,3 +178,4 @@ def test_text_sift_is_registered_as_a_control_of_every_preset():
     runs = [r for r in plan_runs(cfg) if r.detector == "text_sift"]
     assert [r.key for r in runs] == ["main/text_sift/seed0", "main/text_sift/seed1"]  # no transfer runs, like
     assert all(r.tags == {"control": "true"} and r.cost == 10.0 for r in runs)        # the other controls
+

@@ -31,7 +31,6 @@ a rerun with the same config; ``traces.jsonl``, ``pairs.jsonl`` and ``manifest.j
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import inspect
 import random
@@ -70,6 +69,7 @@ from sift.lm.parsing import answer_line_start, normalize_number, parse_answer
 from sift.lm.prompts import ANSWER_PREFIX, BUDGETS, DECISIVE_FORMAT, TEMPLATES, LMView, cue_formats_for, mentions_cue
 from sift.lm.prompts import prompt_ids as render_prompt_ids
 from sift.lm.views import shown_item
+from sift.lm.weights import release_memory
 from sift.provenance import config_hash, model_fingerprint
 
 #: bump when generation or verification changes the records, so that stale chunks are not reused
@@ -587,7 +587,7 @@ def lm_source(cfg: HFCorpusConfig, chash: str, k: int) -> LMSource:
     fam = cfg.labels()[k]
     if _LOADED.get(fam, ("",))[0] != chash:
         _LOADED.clear()
-        gc.collect()
+        release_memory()
         _LOADED[fam] = (chash, LMSource.load(fam, cfg.models[k], device=cfg.device, dtype=cfg.dtype,
                                              batch_size=cfg.batch_size, system_prompt=cfg.system_prompt,
                                              backend=cfg.backend, response_prefix=cfg.response_prefix))
@@ -707,6 +707,7 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
         reused += r
         n_jobs += len(mine)
         _LOADED.clear()  # this process's model (chunks run here with one worker) is not needed by the next model
+        release_memory()
     records.sort(key=lambda rec: chunk_of[rec["base_item"]])  # stable: model order within a chunk
     gen_seconds = time.time() - t0
     pairs = build_pairs(records, labels, cfg.conditions)
