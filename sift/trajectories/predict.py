@@ -211,6 +211,38 @@ def _check_cache_vs_model(out_dir: Path, m: str, path: str, dims: dict) -> None:
                             f"does not match this trajectory folder (use another output_dir or overwrite=true)")
 
 
+def _extract_model(m: str, given, models: dict[str, str], dtype: str | None, corpus_dir: Path, out_dir: Path,
+                   index: C.CorpusIndex, corpus_sha: str, cfg: ExtractConfig, overwrite: bool, kw: dict,
+                   n_shards: int, written: list[str], progress: bool, callbacks: list | None, keys: dict,
+                   meta: dict, info: dict, tasks: list) -> tuple[list, bool]:
+    """Extract model ``m``'s shards (loading it unless ``given``); fills ``keys``, ``meta``, ``info`` and
+    ``tasks`` for it and returns (the shards this process computed, whether it is rank 0)."""
+    model, tok = given or _load(models[m], dtype)
+    dims = model_dims(model)
+    _check_corpus_vs_model(corpus_dir, index, m, models[m], dims, tok)
+    if not overwrite:
+        _check_cache_vs_model(out_dir, m, models[m], dims)
+    fp = model_fingerprint(models[m])
+    # the weights' dtype changes the states (bfloat16 vs float32), so it is part of the cache key
+    weights_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    keys[m] = C.cache_key(corpus_sha, fp, m, {**cfg.key_fields(), "weights_dtype": weights_dtype})
+    ex_channels = Extractor(model, cfg, tokenizer=tok).channels
+    meta[m] = {"model": m, "channels": ex_channels, "profile_names": profile_names(cfg.interventions), **dims}
+    info[m] = {"path": str(models[m]), "fingerprint": fp, "key": keys[m], **dims, "channels": ex_channels,
+               "scalar_names": SCALAR_NAMES, "profile_names": profile_names(cfg.interventions),
+               "n_traces": len(index.offsets[m])}
+    mine = plan_shards(C.CorpusIndex(**{**vars(index), "offsets": {m: index.offsets[m]}}), out_dir, keys,
+                       cfg.shard_size)
+    tasks += mine
+    module = ExtractionModule({m: model}, {m: tok}, cfg, names=models)
+    writer = ShardWriter(meta, total=n_shards, progress=progress)
+    writer.written = written  # one count across the models
+    trainer = pl.Trainer(callbacks=[writer, *(callbacks or [])], **kw)
+    trainer.predict(module, datamodule=ShardDataModule(corpus_dir / "traces.jsonl", mine), return_predictions=False)
+    trainer.strategy.barrier()
+    return list(module.computed), trainer.is_global_zero
+
+
 def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str, str], cfg: ExtractConfig, *,
                    model_field: str = "family", families: list[str] | None = None, dtype: str | None = None,
                    trainer_kwargs: dict[str, Any] | None = None, overwrite: bool = False, progress: bool = False,
@@ -246,34 +278,11 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
     computed, written, tasks = [], [], []
     is_zero = True
     for m in index.offsets:  # one model in memory at a time: loaded, its shards extracted, freed
-        model, tok = (loaded or {}).get(m) or _load(models[m], dtype)
-        dims = model_dims(model)
-        _check_corpus_vs_model(corpus_dir, index, m, models[m], dims, tok)
-        if not overwrite:
-            _check_cache_vs_model(out_dir, m, models[m], dims)
-        fp = model_fingerprint(models[m])
-        # the weights' dtype changes the states (bfloat16 vs float32), so it is part of the cache key
-        weights_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-        keys[m] = C.cache_key(corpus_sha, fp, m, {**cfg.key_fields(), "weights_dtype": weights_dtype})
-        ex_channels = Extractor(model, cfg, tokenizer=tok).channels
-        meta[m] = {"model": m, "channels": ex_channels, "profile_names": profile_names(cfg.interventions), **dims}
-        info[m] = {"path": str(models[m]), "fingerprint": fp, "key": keys[m], **dims, "channels": ex_channels,
-                   "scalar_names": SCALAR_NAMES, "profile_names": profile_names(cfg.interventions),
-                   "n_traces": len(index.offsets[m])}
-        mine = plan_shards(C.CorpusIndex(**{**vars(index), "offsets": {m: index.offsets[m]}}), out_dir, keys,
-                           cfg.shard_size)
-        tasks += mine
-        module = ExtractionModule({m: model}, {m: tok}, cfg, names=models)
-        writer = ShardWriter(meta, total=n_shards, progress=progress)
-        writer.written = written  # one count across the models
-        trainer = pl.Trainer(callbacks=[writer, *(callbacks or [])], **kw)
-        trainer.predict(module, datamodule=ShardDataModule(corpus_dir / "traces.jsonl", mine),
-                        return_predictions=False)
-        trainer.strategy.barrier()
-        computed += module.computed
-        is_zero = trainer.is_global_zero
-        del module, model, trainer
-        release_memory()
+        got, is_zero = _extract_model(m, (loaded or {}).get(m), models, dtype, corpus_dir, out_dir, index,
+                                      corpus_sha, cfg, overwrite, kw, n_shards, written, progress, callbacks,
+                                      keys, meta, info, tasks)
+        computed += got
+        release_memory()  # the model died with _extract_model's frame (Lightning holds it until then)
     extract_corpus.last_run = {"computed": computed, "written": list(written)}  # type: ignore[attr-defined]
     if not is_zero:
         return None

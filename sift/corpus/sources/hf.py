@@ -608,8 +608,8 @@ class _OneAtATime(Mapping):
             raise KeyError(fam)
         return lm_source(self.cfg, self.chash, self.labels.index(fam))
 
-    def __iter__(self):
-        return iter(self.labels)
+    def __iter__(self):  # the model this process holds first: it is read before the others are loaded
+        return iter(sorted(self.labels, key=lambda fam: fam not in _LOADED))
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -689,6 +689,7 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
 
         for m in cfg.models:
             resolve_model_path(m)
+        release_memory()  # the conversion's buffers, before the workers start
     t0 = time.time()
     # each model's chunks are jobs of their own (one model per process); records are read back in chunk order,
     # every model's records of a chunk together, as if one job had built them
@@ -706,8 +707,9 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
         records += recs
         reused += r
         n_jobs += len(mine)
-        _LOADED.clear()  # this process's model (chunks run here with one worker) is not needed by the next model
-        release_memory()
+        if k + 1 < len(labels):  # this process's model (chunks run here with one worker) is not the next one's
+            _LOADED.clear()
+            release_memory()
     records.sort(key=lambda rec: chunk_of[rec["base_item"]])  # stable: model order within a chunk
     gen_seconds = time.time() - t0
     pairs = build_pairs(records, labels, cfg.conditions)
