@@ -167,7 +167,10 @@ def test_text_sift_is_registered_as_a_control_of_every_preset():
     sift_cfg = compose("train", ["detector=sift", "paths.output_dir=."]).detector
     ts_cfg = compose("train", ["detector=text_sift", "paths.output_dir=."]).detector
     for key in ("net", "optimizer", "scheduler", "objective", "early_stopping"):  # SIFT's network and schedule
-        assert OmegaConf.to_container(ts_cfg[key]) == OmegaConf.to_container(sift_cfg[key]), key
+        ts, sf = OmegaConf.to_container(ts_cfg[key]), OmegaConf.to_container(sift_cfg[key])
+        if key == "net":  # a memory setting (the same numbers: test_sift_net.py), on for text_sift's long inputs
+            assert ts.pop("checkpoint_encoder") is True and not sf.pop("checkpoint_encoder", False)
+        assert ts == sf, key
     for preset in ("full", "quick", "paper", "real_small", "real_paper"):
         cfg = compose("faithshift", [f"preset={preset}", "paths.output_dir=/tmp/x", "transfer.holdout_models=[a]"])
         assert list(cfg.controls) == ["text_bow", "surface", "prompt_probe", "text_sift"], preset
