@@ -533,7 +533,7 @@ def audit_table(audit: Mapping[str, Any]) -> str:
 
 
 def prompt_states_for(sources: Mapping[str, Any], records: Sequence[Mapping[str, Any]], field: str = "family",
-                      batch_size: int = 256) -> tuple[dict[str, np.ndarray] | None, str | None]:
+                      batch_size: int = 64) -> tuple[dict[str, np.ndarray] | None, str | None]:
     """Prompt-final hidden states (:func:`sift.lm.states.prompt_final_states`) of every record, from
     the source model that generated it (``sources``: ``record[field]`` → an object with ``.model`` and
     ``.tokenizer``). Returns (trace id → state, None), or (None, reason) when a record's model is not loaded."""

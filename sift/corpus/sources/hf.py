@@ -652,7 +652,8 @@ def build_hf_corpus(cfg: HFCorpusConfig, out_dir: str | Path, progress: bool = T
     try:
         return _build_hf_corpus(cfg, Path(out_dir), progress, sources, engine)
     finally:
-        _LOADED.clear()  # free the models this process loaded (a worker's stay until it exits)
+        _LOADED.clear()  # free the model this process loaded (a worker's stays until it exits)
+        release_memory()
 
 
 def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources: dict[str, LMSource] | None,
