@@ -12,7 +12,7 @@
 # Models: local folders, .gguf files (converted once to a cached safetensors folder) or hub names already in the
 # local Hugging Face cache; MODEL_B may be left out (one model: no model-family axis). Without MGSM and BIGBENCH the
 # items are reasoning-gym arithmetic only. GEN_BACKENDS (default "vllm hf"): the first runs the job, the others
-# the corpus stage only. DEVICE=cpu runs it all on the CPU (transformers only, float32): the dry run of
+# the corpus stage only. DEVICE=cpu runs it all on the CPU (transformers only, dtype auto): the dry run of
 # tests/test_gpu_check_slow.py, with EXTRA holding further overrides (e.g. a smaller job).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,10 +33,11 @@ if [ "$DEVICE" = cuda ]; then
     placement=(source.device=cuda source.dtype=bfloat16)
 else
     : "${GEN_BACKENDS:=hf}"
-    placement=(source.device=cpu source.dtype=float32 "extract_overrides=[]" "train_overrides=[]")
+    placement=(source.device=cpu source.dtype=auto "extract_overrides=[]" "train_overrides=[]")
 fi
-if [ -n "$MGSM" ] && [ -n "$BIGBENCH" ]; then
-    items=(source.items.1.path="$MGSM" source.items.2.path="$BIGBENCH")
+if [ -n "$MGSM" ] && [ -n "$BIGBENCH" ]; then  # real_paper's shares (400 / 100 / 250 of 750) at N_ITEMS
+    items=(source.items.1.path="$MGSM" source.items.2.path="$BIGBENCH"
+           source.items.1.n=$(( (N_ITEMS * 2 + 14) / 15 )) source.items.2.n=$(( (N_ITEMS + 2) / 3 )))
 else
     items=(source/items=reasoning_gym "transfer.holdout_domains=[]")
 fi

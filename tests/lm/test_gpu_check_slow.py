@@ -17,7 +17,7 @@ def test_gpu_check_dry_runs_on_the_cpu(tmp_path):
     models = local_models()
     if not models:
         pytest.skip("no real model here: set SIFT_REAL_MODELS=/path/model (a folder, .gguf file or cached hub name)")
-    env = {**os.environ, "MODEL_A": models[0], "DEVICE": "cpu", "GEN_BACKENDS": "hf hf", "N_ITEMS": "16",
+    env = {**os.environ, "MODEL_A": models[0], "DEVICE": "cpu", "GEN_BACKENDS": "hf hf", "N_ITEMS": "8",
            "OUT": str(tmp_path / "check"), "MGSM": os.environ.get("SIFT_MGSM", ""),
            "BIGBENCH": os.environ.get("SIFT_BIGBENCH", ""),
            "EXTRA": "source.max_new_tokens=160 source.chunk_items=16 source.batch_size=16 seeds=[0] "
