@@ -18,6 +18,7 @@ from torch import nn
 from datamodules.batch import TraceBatch
 from datamodules.features import ATTENTION_STABILITY, EARLY_COMMITMENT, keep_channels
 from sift.detectors.module import DetectorModule, Standardizer, build_net, mlp
+from sift.errors import SiftError
 
 if TYPE_CHECKING:
     from sift.detectors.fast_inference import SIFTDetectorInference
@@ -88,13 +89,16 @@ class SIFTNet(nn.Module):
                  d_model: int = 128, n_layers: int = 4, n_heads: int = 8, dim_feedforward: int = 256,
                  dropout: float = 0.1, mlp_hidden: int = 128, use_tcn: bool = True,
                  use_transformer: bool = True, encoder_chunk: int = 32, input_scale: float | None = None,
-                 checkpoint_encoder: bool = False) -> None:
+                 checkpoint_from_steps: int | None = None) -> None:
         super().__init__()
         self.encoder_chunk = int(encoder_chunk)
-        # training: recompute each chunk's encoder activations in the backward pass instead of keeping them (the
-        # same numbers, the RNG state of dropout replayed; about a quarter more compute, the encoder's activation
-        # memory of one chunk instead of the whole batch: text_sift on a real LM's ~136-step inputs kept 3.9 GB)
-        self.checkpoint_encoder = bool(checkpoint_encoder)
+        # training batches whose longest trace has at least this many steps recompute each chunk's encoder
+        # activations in the backward pass instead of keeping them (the same numbers, the RNG state of dropout
+        # replayed; more compute, the encoder's activation memory of one chunk instead of the whole batch: text_sift
+        # on a real LM's ~136-step inputs kept 3.9 GB). None: never (short inputs, e.g. the organism's, keep them)
+        if checkpoint_from_steps is not None and int(checkpoint_from_steps) < 1:
+            raise SiftError(f"net.checkpoint_from_steps must be >= 1 or null, got {checkpoint_from_steps}")
+        self.checkpoint_from_steps = None if checkpoint_from_steps is None else int(checkpoint_from_steps)
         self.tcn = MaskedTCN(in_channels, kernels, filters) if use_tcn else None
         self.proj = nn.Linear(self.tcn.out_dim if self.tcn is not None else in_channels, d_model)
         if use_transformer:
@@ -136,9 +140,11 @@ class SIFTNet(nn.Module):
         assert self.encoder is not None
         lengths = mask.sum(1)
         out = h.new_zeros(h.shape)
+        recompute = (self.checkpoint_from_steps is not None and torch.is_grad_enabled()
+                     and int(lengths.max()) >= self.checkpoint_from_steps)
         for idx in torch.argsort(lengths, stable=True).split(self.encoder_chunk):
             T = max(1, int(lengths[idx].max()))
-            if self.checkpoint_encoder and torch.is_grad_enabled():
+            if recompute:
                 from torch.utils.checkpoint import checkpoint
 
                 out[idx, :T] = checkpoint(self.encoder, h[idx, :T], src_key_padding_mask=~mask[idx, :T],

@@ -8,6 +8,7 @@ from datamodules.batch import TraceBatch
 from datamodules.features import ATTENTION_STABILITY, EARLY_COMMITMENT, organism_channel_names
 from sift.detectors import SIFTDetector, SIFTNet
 from sift.detectors.module import n_parameters
+from sift.errors import SiftError
 
 CH = organism_channel_names(4)  # 9 channels
 DATA = dict(channel_names=CH, feature_names=["cue/a"], pooled_dim=4, n_envs=3, n_domains=2)
@@ -213,7 +214,7 @@ def test_the_optimizer_is_the_configured_partial(compose_train):
 
 
 def test_checkpointed_encoder_gives_the_same_numbers_with_dropout_on():
-    """checkpoint_encoder recomputes the encoder in the backward pass with dropout's RNG state replayed: logits,
+    """checkpoint_from_steps recomputes the encoder in the backward pass with dropout's RNG state replayed: logits,
     representation and every gradient are bit for bit those of the stored-activation run, and the RNG stream after
     the step is the same (the next step draws the same masks)."""
     g = torch.Generator().manual_seed(5)
@@ -224,10 +225,37 @@ def test_checkpointed_encoder_gives_the_same_numbers_with_dropout_on():
     outs = []
     for ckpt in (False, True):
         torch.manual_seed(0)
-        net = SIFTNet(9, dropout=0.3, encoder_chunk=4, checkpoint_encoder=ckpt).train()
+        net = SIFTNet(9, dropout=0.3, encoder_chunk=4, checkpoint_from_steps=12 if ckpt else None).train()
         logits, z = net(x, mask)
         (logits.square().sum() + z.sum()).backward()
         outs.append((logits, z, {n: p.grad.clone() for n, p in net.named_parameters()}, torch.rand(3)))
     (l0, z0, g0, r0), (l1, z1, g1, r1) = outs
     assert torch.equal(l0, l1) and torch.equal(z0, z1) and torch.equal(r0, r1)
     assert g0.keys() == g1.keys() and all(torch.equal(g0[n], g1[n]) for n in g0)
+
+
+def test_encoder_is_recomputed_only_in_batches_with_a_trace_that_long(monkeypatch):
+    """checkpoint_from_steps=N: a training batch whose longest trace has >= N steps runs every encoder chunk under
+    torch.utils.checkpoint; a shorter batch, evaluation and N=None never do; N < 1 is refused by name."""
+    import torch.utils.checkpoint as tuc
+
+    calls = []
+    real = tuc.checkpoint
+    monkeypatch.setattr(tuc, "checkpoint", lambda *a, **k: calls.append(1) or real(*a, **k))
+    lengths = torch.tensor([12, 3, 9, 1, 12, 5, 7, 2, 10])
+    x = torch.randn(9, 12, 9)
+
+    def n_calls(net, max_len, grad=True):
+        calls.clear()
+        mask = torch.arange(12)[None, :] < lengths.clamp(max=max_len)[:, None]
+        with torch.set_grad_enabled(grad):
+            net(x, mask)
+        return len(calls)
+
+    net = SIFTNet(9, encoder_chunk=4, checkpoint_from_steps=10).train()
+    assert n_calls(net, 12) == 3  # longest 12 >= 10: all three chunks of 4, 4, 1 traces
+    assert n_calls(net, 9) == 0  # longest 9 < 10
+    assert n_calls(net, 12, grad=False) == 0
+    assert n_calls(SIFTNet(9, encoder_chunk=4).train(), 12) == 0
+    with pytest.raises(SiftError, match="checkpoint_from_steps"):
+        SIFTNet(9, checkpoint_from_steps=0)

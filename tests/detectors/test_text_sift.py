@@ -169,7 +169,7 @@ def test_text_sift_is_registered_as_a_control_of_every_preset():
     for key in ("net", "optimizer", "scheduler", "objective", "early_stopping"):  # SIFT's network and schedule
         ts, sf = OmegaConf.to_container(ts_cfg[key]), OmegaConf.to_container(sift_cfg[key])
         if key == "net":  # a memory setting (the same numbers: test_sift_net.py), on for text_sift's long inputs
-            assert ts.pop("checkpoint_encoder") is True and not sf.pop("checkpoint_encoder", False)
+            assert ts.pop("checkpoint_from_steps") == 96 and sf.pop("checkpoint_from_steps", None) is None
         assert ts == sf, key
     for preset in ("full", "quick", "paper", "real_small", "real_paper"):
         cfg = compose("faithshift", [f"preset={preset}", "paths.output_dir=/tmp/x", "transfer.holdout_models=[a]"])

@@ -17,10 +17,12 @@ def test_gpu_check_dry_runs_on_the_cpu(tmp_path):
     models = local_models()
     if not models:
         pytest.skip("no real model here: set SIFT_REAL_MODELS=/path/model (a folder, .gguf file or cached hub name)")
-    env = {**os.environ, "MODEL_A": models[0], "DEVICE": "cpu", "GEN_BACKENDS": "hf hf", "N_ITEMS": "8",
+    env = {**os.environ, "MODEL_A": models[0], "DEVICE": "cpu", "GEN_BACKENDS": "hf hf", "N_ITEMS": "6",
            "OUT": str(tmp_path / "check"), "MGSM": os.environ.get("SIFT_MGSM", ""),
            "BIGBENCH": os.environ.get("SIFT_BIGBENCH", ""),
-           "EXTRA": "source.max_new_tokens=160 source.chunk_items=16 source.batch_size=16 seeds=[0] "
+           # the smallest job that still has every stage: three conditions, the two cheap label tests
+           "EXTRA": "source.max_new_tokens=128 source.chunk_items=16 source.batch_size=16 seeds=[0] "
+                    "conditions=[base,paraphrase,cue_injection] source.interventions=[edit,cue] "
                     "detectors=[hidden_probe] controls=[text_bow] transfer.detectors=[] max_epochs=3 "
                     "bootstrap.resamples=20 bootstrap.appendix_resamples=10 instance_ensemble=[]"}
     res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
