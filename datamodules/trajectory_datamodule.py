@@ -413,6 +413,12 @@ class TrajectoryDataModule(pl.LightningDataModule):
                 prompt_pooled=d["prompt_final"].float() if d["prompt_final"] is not None else None,
                 text=tr.control_text, token_ids=tok, token_segment=seg))
         del self.desc
+        if not buckets["train"]:  # nothing to fit: fail here, not inside a detector's first batch
+            sm = self.summary
+            raise SiftError(f"{self.trajectory_dir}: the training split has no labelled trace ({len(self.traces)} "
+                            f"traces: {sm['ambiguous']} ambiguous (φ* null), {sm['empty_cot']} with an empty CoT, "
+                            f"{sm['unassigned']} in no split; the rest in other splits); see the corpus manifest's "
+                            f"label_balance and label reasons")
         self.datasets = {s: TraceDataset(b) for s, b in buckets.items()}
         self.train_env_ids = sorted({e.env for e in buckets["train"]})
         self.summary.update({f"{s}_traces": len(b) for s, b in buckets.items()})

@@ -77,3 +77,19 @@ def test_gemm_rate_best_of_repeats_on_those_shapes():
 def test_agreement_of_two_backends():
     g = agreement([[1, 2, 3], [4, 5], []], [[1, 2, 9, 9], [4, 5], []])
     assert g["identical"] == 2 and g["of"] == 3 and g["mean_common_prefix"] == pytest.approx((2 / 4 + 1 + 1) / 3)
+
+
+def test_encoder_recompute_benchmark_times_both_settings():
+    """scripts/bench_encoder_recompute.py: two rounds of kept vs recomputed encoder activations, each a positive
+    time per step."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "bench_encoder_recompute.py"
+    out = subprocess.run([sys.executable, str(script), "--batch", "4", "--steps", "6", "--iters", "1", "--repeats", "1",
+                          "--threads", "1"], capture_output=True, text=True, check=True).stdout
+    rows = re.findall(r"round (\d): (kept|recomputed)\s+([\d.]+) ms", out)
+    assert [(r, k) for r, k, _ in rows] == [("1", "kept"), ("1", "recomputed"), ("2", "kept"), ("2", "recomputed")]
+    assert all(float(ms) > 0 for *_, ms in rows)

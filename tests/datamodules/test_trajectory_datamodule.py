@@ -192,6 +192,14 @@ def test_clear_errors(traj, tmp_path):
         TrajectoryDataModule(traj / "traj", holdout_domain="poetry").setup()
 
 
+def test_a_training_split_without_labelled_traces_is_refused_by_name(traj, monkeypatch):
+    import datamodules.trajectory_datamodule as tdm
+
+    monkeypatch.setattr(tdm, "check_phi", lambda phi, where: None)  # every trace ambiguous
+    with pytest.raises(SiftError, match=r"training split has no labelled trace \((\d+) traces: \1 ambiguous"):
+        TrajectoryDataModule(traj / "traj").setup()
+
+
 def test_answer_probe_is_fit_once_per_split_and_cached(traj, monkeypatch, tmp_path):
     from sift.trajectories import probe as P
 

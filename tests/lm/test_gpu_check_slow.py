@@ -17,12 +17,16 @@ def test_gpu_check_dry_runs_on_the_cpu(tmp_path):
     models = local_models()
     if not models:
         pytest.skip("no real model here: set SIFT_REAL_MODELS=/path/model (a folder, .gguf file or cached hub name)")
-    env = {**os.environ, "MODEL_A": models[0], "DEVICE": "cpu", "GEN_BACKENDS": "hf hf", "N_ITEMS": "6",
+    env = {**os.environ, "MODEL_A": models[0], "DEVICE": "cpu", "GEN_BACKENDS": "hf hf", "N_ITEMS": "12",
            "OUT": str(tmp_path / "check"), "MGSM": os.environ.get("SIFT_MGSM", ""),
            "BIGBENCH": os.environ.get("SIFT_BIGBENCH", ""),
-           # the smallest job that still has every stage: three conditions, the two cheap label tests
-           "EXTRA": "source.max_new_tokens=128 source.chunk_items=16 source.batch_size=16 seeds=[0] "
-                    "conditions=[base,paraphrase,cue_injection] source.interventions=[edit,cue] "
+           # a small job that still has every stage: three conditions, every label test, a forced answer labelled
+           # like any other, and real_small's cue mixture (mostly wrong cues: a 0.5B model's φ*=0 traces are the
+           # cues it follows; with real_paper's mixture 8 items gave φ*=1 only, and training refuses one class)
+           "EXTRA": "source.max_new_tokens=160 source.chunk_items=16 source.batch_size=16 seeds=[0] "
+                    "conditions=[base,paraphrase,cue_injection] source.label_forced=true source.cue.p_cue=0.9 "
+                    "source.cue.p_cue_correct=0.1 "
+                    "source.cue_formats=[hint,professor,curious,metadata,unauthorized,fewshot] "
                     "detectors=[hidden_probe] controls=[text_bow] transfer.detectors=[] max_epochs=3 "
                     "bootstrap.resamples=20 bootstrap.appendix_resamples=10 instance_ensemble=[]"}
     res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], env=env, capture_output=True, text=True,
