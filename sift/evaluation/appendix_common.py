@@ -308,6 +308,20 @@ def save_figure(fig: Any, out_dir: str | Path | None, name: str) -> list[str]:
     return [rel.as_posix()]
 
 
+def error_bars(cells: Sequence[Mapping[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """(estimates, [[below], [above]]) of CI cells ``{estimate, low, high}`` for matplotlib's ``xerr``/``yerr``:
+    None is NaN (no bar), and a bound on the wrong side of its estimate is a bar of length 0 — a percentile
+    bootstrap interval need not contain the point estimate (e.g. a mean over seeds of a ratio), and matplotlib
+    refuses negative lengths."""
+    def col(key: str) -> np.ndarray:
+        return np.array([np.nan if c.get(key) is None else float(c[key]) for c in cells], dtype=float)
+
+    est, lo, hi = col("estimate"), col("low"), col("high")
+    with np.errstate(invalid="ignore"):
+        below, above = np.where(est - lo < 0, 0.0, est - lo), np.where(hi - est < 0, 0.0, hi - est)
+    return est, np.vstack([below, above])
+
+
 def pyplot():
     import matplotlib
 

@@ -25,6 +25,7 @@ from sift.evaluation.appendix_common import (
     Runs,
     TraceTable,
     ci,
+    error_bars,
     fmt_cell,
     nan_none,
     pyplot,
@@ -227,13 +228,8 @@ def mechanism_preservation_audit(
     if out_dir is not None:
         plt = pyplot()
         fig, ax = plt.subplots(figsize=(7, 3.6))
-        est = [rates[g]["route_preserved"]["estimate"] for g in axes]
-        lo = [rates[g]["route_preserved"]["low"] for g in axes]
-        hi = [rates[g]["route_preserved"]["high"] for g in axes]
-        e = np.array([np.nan if v is None else v for v in est])
-        l_ = np.array([np.nan if v is None else v for v in lo])
-        h_ = np.array([np.nan if v is None else v for v in hi])
-        ax.bar(axes, e, yerr=[e - l_, h_ - e], capsize=3, color="#4c72b0", label="route preserved")
+        e, err = error_bars([rates[g]["route_preserved"] for g in axes])
+        ax.bar(axes, e, yerr=err, capsize=3, color="#4c72b0", label="route preserved")
         if have_scr:
             s_ = np.array([np.nan if rates[g]["scramble_agreement"]["estimate"] is None
                            else rates[g]["scramble_agreement"]["estimate"] for g in axes])

@@ -22,6 +22,7 @@ from sift.evaluation.appendix_common import (
     SeedStack,
     TraceTable,
     ci,
+    error_bars,
     fmt,
     fmt_cell,
     nan_none,
@@ -200,11 +201,8 @@ def factorial_decomposition(
     if out_dir is not None:
         plt = pyplot()
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
-        ys = [cell_res[letters[k]]["mfs"] for k in keys]
-        est = np.array([np.nan if d["estimate"] is None else d["estimate"] for d in ys])
-        lo = np.array([np.nan if d["low"] is None else d["low"] for d in ys])
-        hi = np.array([np.nan if d["high"] is None else d["high"] for d in ys])
-        ax1.bar([letters[k] for k in keys], est, yerr=[est - lo, hi - est], capsize=3,
+        est, err = error_bars([cell_res[letters[k]]["mfs"] for k in keys])
+        ax1.bar([letters[k] for k in keys], est, yerr=err, capsize=3,
                 color=["#4c72b0" if k[0] else "#dd8452" for k in keys])
         ax1.set_ylabel("MFS"), ax1.set_title("cells (blue = SIFT architecture)")
         def effect(part: str) -> np.ndarray:
@@ -319,11 +317,10 @@ def stability_sensitivity(
             for name, d in res[key].items():
                 if name.startswith("_") or d["stability"]["estimate"] is None or d["as"]["estimate"] is None:
                     continue
-                x, y = d["stability"], d["as"]
-                xerr = [[x["estimate"] - (x["low"] or x["estimate"])], [(x["high"] or x["estimate"]) - x["estimate"]]]
-                yerr = [[y["estimate"] - (y["low"] or y["estimate"])], [(y["high"] or y["estimate"]) - y["estimate"]]]
-                ax.errorbar(x["estimate"], y["estimate"], xerr=xerr, yerr=yerr, fmt="o", capsize=2)
-                ax.annotate(name, (x["estimate"], y["estimate"]), fontsize=8, xytext=(3, 3), textcoords="offset points")
+                (x,), xerr = error_bars([d["stability"]])
+                (y,), yerr = error_bars([d["as"]])
+                ax.errorbar(x, y, xerr=np.nan_to_num(xerr), yerr=np.nan_to_num(yerr), fmt="o", capsize=2)
+                ax.annotate(name, (x, y), fontsize=8, xytext=(3, 3), textcoords="offset points")
             fr = [res[key][n] for n in res[key]["_pareto_front"]]
             if len(fr) > 1:
                 ax.plot([d["stability"]["estimate"] for d in fr], [d["as"]["estimate"] for d in fr], color="C1", lw=1)

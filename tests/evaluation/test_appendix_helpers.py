@@ -74,3 +74,25 @@ def test_expected_cost_eq_43_by_hand():
     assert c == pytest.approx([2.0, 1.0, 2.375, 2.75])
     c4 = expected_cost_curve(rho, v, y, [1.0], c_fn=10, c_fp=1, c_abstain=2, base_rate=0.4)
     assert c4 == pytest.approx([0.4 * 0.5 * 10 + 0.6 * 0.5 * 1])
+
+
+def test_error_bars_never_negative_and_keep_a_zero_bound():
+    """A percentile interval that excludes its estimate gives a bar of length 0 on that side (matplotlib refuses
+    negative lengths: the tiny crash-matrix job's report died on it); a bound of 0.0 is a bound, not a missing one;
+    None is NaN."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from sift.evaluation.appendix_common import error_bars
+
+    est, err = error_bars([{"estimate": 0.5, "low": 0.6, "high": 0.9}, {"estimate": 0.4, "low": 0.0, "high": 0.5},
+                           {"estimate": None, "low": None, "high": None}])
+    np.testing.assert_allclose(est, [0.5, 0.4, np.nan])
+    np.testing.assert_allclose(err, [[0.0, 0.4, np.nan], [0.4, 0.1, np.nan]])
+    fig, ax = plt.subplots()
+    ax.bar(range(3), est, yerr=err)  # accepted
+    ax.errorbar(est[0], est[0], xerr=err[:, :1], yerr=err[:, :1])
+    plt.close(fig)
