@@ -194,3 +194,57 @@ def test_training_order_depends_on_seed_and_epoch_only_and_never_draws_global_rn
     assert order(resumed) == seen[2]
     assert list(EpochShuffleSampler(50, 7, lambda: 4)) == list(EpochShuffleSampler(50, 7, lambda: 4))
     assert list(EpochShuffleSampler(50, 7, lambda: 4)) != list(EpochShuffleSampler(50, 8, lambda: 4))
+
+
+def test_resume_from_an_epoch_end_last_ckpt_under_a_step_cap_trains_every_epoch(tmp_path):
+    """With ``max_steps`` set (sift's step caps), Lightning 2.6 resumed a last.ckpt written at an epoch's end by
+    running that epoch's end again: the resumed run trained one epoch fewer (the crash matrix's "mid SIFT run"
+    point, global_step 59 vs 60). sift's ModelCheckpoint restores it as the finished epoch it is: the resumed run
+    trains the remaining epochs, and ends at the clean run's step, epoch and weights."""
+    import pytorch_lightning as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from sift.checkpoints import ModelCheckpoint
+
+    data = TensorDataset(torch.randn(4, 2, generator=torch.Generator().manual_seed(0)))
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin = torch.nn.Linear(2, 1)
+            self.epochs = []
+
+        def training_step(self, b, i):
+            self.epochs.append(self.current_epoch)
+            return self.lin(b[0]).pow(2).mean()
+
+        def validation_step(self, b, i):
+            self.log("val/loss", self.lin(b[0]).pow(2).mean())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    class Stop(pl.Callback):  # the kill: after epoch 1's last.ckpt, before epoch 2 trains
+        def on_train_epoch_start(self, trainer, pl_module):
+            if trainer.current_epoch == 2:
+                raise RuntimeError("killed")
+
+    def fit(d, ckpt=None, kill=False):
+        m = Tiny()
+        cbs = [ModelCheckpoint(dirpath=d, monitor="val/loss", save_last=True), *([Stop()] if kill else [])]
+        t = pl.Trainer(max_epochs=6, max_steps=6, callbacks=cbs, logger=False, enable_progress_bar=False,
+                       enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=str(d))
+        try:
+            t.fit(m, DataLoader(data, batch_size=4), DataLoader(data, batch_size=4), ckpt_path=ckpt,
+                  weights_only=False)
+        except RuntimeError as e:
+            assert kill and "killed" in str(e)
+        return m, t
+
+    clean, tc = fit(tmp_path / "clean")
+    fit(tmp_path / "run", kill=True)
+    resumed, tr = fit(tmp_path / "run", ckpt=str(tmp_path / "run" / "last.ckpt"))
+    assert clean.epochs == [0, 1, 2, 3, 4, 5] and resumed.epochs == [2, 3, 4, 5]
+    assert (tr.global_step, tr.current_epoch) == (tc.global_step, tc.current_epoch) == (6, 6)
+    assert torch.equal(resumed.lin.weight, clean.lin.weight)
