@@ -99,24 +99,6 @@ class ModelCheckpoint(_LightningModelCheckpoint):
                 and self._should_save_on_train_epoch_end(trainer) == at_train_epoch_end):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
-        super().on_load_checkpoint(trainer, pl_module, checkpoint)
-        fit = checkpoint.get("loops", {}).get("fit_loop", {})
-        ep, bp = fit.get("epoch_progress"), fit.get("epoch_loop.batch_progress")
-        if trainer.max_steps == -1 or not ep or not bp:
-            return
-        if all(ep[p]["ready"] == ep[p]["started"] == ep[p]["processed"] == ep[p]["completed"] + 1
-               for p in ("current", "total")):
-            # a last.ckpt written at an epoch's end (validation done, the epoch not yet counted as completed):
-            # Lightning (2.6) treats it as a finished epoch only when max_steps is unset; with a step cap it ran the
-            # restored epoch's end again and the resumed run trained one epoch fewer (crash matrix). Restore it as
-            # the finished epoch it is: completed, and the next epoch's batch counters at their start
-            for p in ("current", "total"):
-                ep[p]["completed"] = ep[p]["processed"]
-            bp["current"] = {k: 0 for k in bp["current"]}
-            bp["is_last_batch"] = False
-
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pending_rng is not None:
             set_rng_state(self._pending_rng)
