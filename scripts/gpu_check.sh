@@ -13,7 +13,7 @@
 # local Hugging Face cache; MODEL_B may be left out (one model: no model-family axis). Without MGSM and BIGBENCH the
 # items are reasoning-gym arithmetic only. GEN_BACKENDS (default "vllm hf"): the first runs the job, the others
 # the corpus stage only. DEVICE=cpu runs it all on the CPU (transformers only, dtype auto): the dry run of
-# tests/test_gpu_check_slow.py, with EXTRA holding further overrides (e.g. a smaller job).
+# tests/lm/test_gpu_check_slow.py, with EXTRA holding further overrides (e.g. a smaller job).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${MODEL_A:?MODEL_A: the first model (every condition)}"
