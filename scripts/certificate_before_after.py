@@ -32,10 +32,10 @@ from omegaconf import OmegaConf
 
 import sift
 from sift.errors import SiftError
-from sift.evaluation.analysis import SelectiveConfig
 from sift.evaluation.faithshift_report import instance_ensembles
 from sift.evaluation.predictions import Predictions
 from sift.metrics import UndefinedMetricWarning, risk_upper_bound, sgr
+from sift.metrics.selective import SelectiveConfig
 
 OLD_GRID = np.linspace(0.5, 1.0, 51)  # the paper's candidate grid, the old default
 SPLITS = ("val", "calib", "test")

@@ -10,6 +10,7 @@ import torch
 from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
+from sift.metrics.selective import gate
 
 ThresholdMethod = Literal["youden", "balanced_accuracy", "accuracy", "fixed"]
 
@@ -53,5 +54,5 @@ def fit_threshold(probs: ArrayLike, labels: ArrayLike, method: ThresholdMethod =
 
 
 def confidence_gate(probs: torch.Tensor) -> torch.Tensor:
-    """ρ = max(s, 1 − s) per trace (docs/design.md §7; ``sift.metrics.confidence_gate`` is the numpy twin)."""
-    return torch.maximum(probs, 1.0 - probs)
+    """ρ per trace, for a tensor of probabilities (:func:`sift.metrics.selective.gate`)."""
+    return gate(probs)

@@ -10,7 +10,6 @@ every per-run number on the traces and pairs of the drawn base items (with multi
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,42 +18,14 @@ import numpy as np
 
 from sift.errors import SiftError
 from sift.evaluation.predictions import Pairs, Predictions
-from sift.metrics import SGRResult, UndefinedMetricWarning, sgr
+from sift.metrics import SGRResult
 from sift.metrics.bootstrap import ClusterRows, bootstrap_drawn
 from sift.metrics.classification import auroc_kernel
-from sift.metrics.invariance import (
-    as_compute,
-    as_update,
-    certified_pairs,
-    ivr_compute,
-    ivr_pooled,
-    ivr_update,
-    mfs_compute,
-)
+from sift.metrics.invariance import ivr_pooled, ivr_update
+from sift.metrics.operating import OperatingMetrics, OperatingPoint, PairArrays, operating_metrics
+from sift.metrics.selective import SelectiveConfig
 
 NAN = math.nan
-
-
-@dataclass(frozen=True)
-class SelectiveConfig:
-    """SGR parameters (docs/design.md §7): target risk α, failure probability δ, bound (``betting``: over base
-    items, the default; ``clopper-pearson`` / ``normal``: the paper's trace-level bounds), candidate grid (None:
-    the default grid) and the most traces one base item may hold (None: the calibration sample's largest item)."""
-
-    alpha: float = 0.25
-    delta: float = 0.05
-    bound: str = "betting"
-    candidates: tuple[float, ...] | None = None
-    max_traces: int | None = None
-
-    def run(self, rho: np.ndarray, correct: np.ndarray, items: np.ndarray, alpha: float | None = None) -> SGRResult:
-        """SGR on calibration traces (gate ρ, 1[verdict = φ*], base item of each): every certificate of the
-        report goes through here."""
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UndefinedMetricWarning)
-            return sgr(rho, correct, self.alpha if alpha is None else alpha, self.delta,
-                       None if self.candidates is None else list(self.candidates), self.bound,  # type: ignore[arg-type]
-                       groups=items, max_traces=self.max_traces)
 
 
 def bound_unit(selective: SelectiveConfig) -> str:
@@ -151,38 +122,32 @@ class RunData:
         return int(self.p_src.size)
 
     # -------------------------------------------------------------------------------------------- statistics
-    def violation_counts(self, prow: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per preserving axis: number of pairs and of invariance violations among pair rows ``prow``."""
-        a = self.p_axis[prow]
-        return ivr_update(self.verdict[self.p_src[prow]], self.verdict[self.p_dst[prow]], a, len(self.axes), a >= 0)
+    def pair_arrays(self, prow: np.ndarray) -> tuple[PairArrays, PairArrays]:
+        """The preserving pairs (with a known axis) and the verified altering pairs among pair rows ``prow``."""
+        pres, alt = prow[self.p_axis[prow] >= 0], prow[self.p_alt[prow]]
+        return (PairArrays(self.p_src[pres], self.p_dst[pres], axis=self.p_axis[pres]),
+                PairArrays(self.p_src[alt], self.p_dst[alt], label_src=self.p_ylab[0][alt],
+                           label_dst=self.p_ylab[1][alt]))
 
-    def pair_rates(self, prow: np.ndarray, sel: np.ndarray | None = None) -> tuple[np.ndarray, float, float]:
-        """Per-axis IVR (len(axes)), macro-mean IVR (unweighted over axes with pairs) and AS on pair rows
-        ``prow`` (optionally masked)."""
-        if sel is not None:
-            prow = prow[sel]
-        per, ivr = ivr_compute(*self.violation_counts(prow))
-        vs, vd = self.verdict[self.p_src[prow]], self.verdict[self.p_dst[prow]]
-        as_ = as_compute(*as_update(vs, vd, self.p_ylab[0][prow], self.p_ylab[1][prow], self.p_alt[prow]))
-        return per, ivr, as_
+    def at(self, point: OperatingPoint, trow: np.ndarray, prow: np.ndarray) -> OperatingMetrics:
+        """IVR/AS/κ/MFS at an operating point (:mod:`sift.metrics.operating`) on trace rows ``trow`` (κ's
+        population) and pair rows ``prow``."""
+        pres, alt = self.pair_arrays(prow)
+        return operating_metrics(point, self.rho[trow], self.verdict, self.rho, pres, alt, len(self.axes))
 
     def stats(self, drawn: np.ndarray | None = None) -> dict[str, Any]:
         """Every per-run number on the traces/pairs of the drawn items (None: all)."""
         trow = self.trace_index.rows(drawn) if self.trace_index is not None else np.arange(len(self))
         prow = self.pair_index.rows(drawn) if self.pair_index is not None else np.arange(self.n_pairs)
         out: dict[str, Any] = {"auroc": auroc_kernel(self.prob[trow], self.label[trow]) if trow.size else NAN}
-        per, ivr, as_ = self.pair_rates(prow)
-        out["ivr_axes"] = per
-        out["ivr_pooled"] = ivr_pooled(*self.violation_counts(prow))
-        out.update(ivr=ivr, as_=as_, mfs=mfs_compute(ivr, as_, 1.0))
+        full = self.at(OperatingPoint.full(), trow, prow)
+        pres = prow[self.p_axis[prow] >= 0]
+        out.update(ivr_axes=full.ivr_axes, ivr=full.ivr, as_=full.as_, mfs=full.mfs,
+                   ivr_pooled=ivr_pooled(*ivr_update(self.verdict[self.p_src[pres]], self.verdict[self.p_dst[pres]],
+                                                     self.p_axis[pres], len(self.axes))))
         if self.sgr is not None:
-            cov = float(np.mean(self.rho[trow] >= self.t_star)) if trow.size else NAN
-            cert = certified_pairs(self.rho, self.p_src[prow], self.p_dst[prow], self.t_star)
-            _, civr, cas = self.pair_rates(prow, cert)
-            # an infeasible SGR certifies nothing: coverage κ = 0, so MFS_cert = κ·H = 0 (counted, not skipped);
-            # certified IVR/AS stay undefined (no certified pair) and are averaged over feasible seeds only
-            out.update(coverage=cov, cert_ivr=civr, cert_as=cas,
-                       cert_mfs=mfs_compute(civr, cas, cov) if self.sgr.feasible else 0.0,
+            cert = self.at(OperatingPoint.sgr(self.t_star, self.sgr.feasible), trow, prow)
+            out.update(coverage=cert.coverage, cert_ivr=cert.ivr, cert_as=cert.as_, cert_mfs=cert.mfs,
                        feasible=float(self.sgr.feasible))
         return out
 

@@ -23,8 +23,9 @@ import numpy as np
 
 from sift.errors import SiftError
 from sift.evaluation.predictions import Predictions
-from sift.metrics.appendix_helpers import BootstrapMany, coverage_threshold
-from sift.metrics.invariance import as_compute, as_update, certified_pairs, ivr_compute, ivr_update, mfs_compute
+from sift.metrics.appendix_helpers import BootstrapMany
+from sift.metrics.operating import PairArrays
+from sift.metrics.selective import gate
 from sift.report import numbers
 
 #: the runs an appendix analysis reads: detector name → its seed runs (one Predictions per seed)
@@ -57,7 +58,7 @@ class SeedStack:
 
     @property
     def rho(self) -> np.ndarray:
-        return np.maximum(self.prob, 1.0 - self.prob)
+        return gate(self.prob)
 
     @property
     def n_seeds(self) -> int:
@@ -93,6 +94,16 @@ class PairRows:
     def subset(self, mask: np.ndarray) -> PairRows:
         return PairRows(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
 
+    def arrays(self, rows: np.ndarray, labels: tuple[np.ndarray, np.ndarray] | None = None,
+               mask: np.ndarray | None = None) -> PairArrays:
+        """The pairs at ``rows`` for :func:`sift.metrics.operating.operating_metrics` (every preserving pair in one
+        pooled axis): ``labels`` (before, after; per pair) replace the verified labels (label noise; AS counts
+        the pairs whose labels differ), ``mask`` (per pair) keeps a subset."""
+        if mask is not None:
+            rows = rows[mask[rows]]
+        lb, la = (self.phi_src, self.phi_dst) if labels is None else labels
+        return PairArrays(self.src[rows], self.dst[rows], label_src=lb[rows], label_dst=la[rows])
+
 
 @dataclass(eq=False)
 class JointRows:
@@ -111,51 +122,6 @@ class JointRows:
     def split(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         a, b = self.n_traces, self.n_traces + self.n_pres
         return idx[idx < a], idx[(idx >= a) & (idx < b)] - a, idx[idx >= b] - b
-
-
-# ------------------------------------------------------------------------------------- certified metrics
-
-
-def operating_metrics(
-    verdict: np.ndarray,
-    rho: np.ndarray,
-    pres: PairRows,
-    alt: PairRows,
-    it: np.ndarray,
-    ip: np.ndarray,
-    ia: np.ndarray,
-    *,
-    coverage: float | None = None,
-    gate: float | None = None,
-    alt_labels: tuple[np.ndarray, np.ndarray] | None = None,
-    pres_mask: np.ndarray | None = None,
-    alt_mask: np.ndarray | None = None,
-) -> tuple[float, float, float, float]:
-    """(IVR, AS, κ, MFS) of one seed on rows (it, ip, ia) at an operating point.
-
-    ``coverage`` κ: gate threshold = the matched-coverage threshold of ρ over the traces ``it``; ``gate``:
-    a fixed gate threshold; neither: full coverage (everything certified). A pair counts when both its
-    traces are certified. ``alt_labels`` (before, after) replace the pairs' verified labels in AS (label
-    noise); pairs whose labels do not differ are left out of AS. ``pres_mask``/``alt_mask`` further
-    restrict the pairs.
-    """
-    if coverage is not None:
-        t = coverage_threshold(rho[it], coverage)
-    elif gate is not None:
-        t = gate
-    else:
-        t = -math.inf
-    kappa = float(np.mean(rho[it] >= t)) if it.size else math.nan
-    keep_p = certified_pairs(rho, pres.src[ip], pres.dst[ip], t)
-    if pres_mask is not None:
-        keep_p &= pres_mask[ip]
-    _, ivr = ivr_compute(*ivr_update(verdict[pres.src[ip]], verdict[pres.dst[ip]], keep=keep_p))
-    lb, la = (alt.phi_src[ia], alt.phi_dst[ia]) if alt_labels is None else (alt_labels[0][ia], alt_labels[1][ia])
-    keep_a = certified_pairs(rho, alt.src[ia], alt.dst[ia], t)
-    if alt_mask is not None:
-        keep_a &= alt_mask[ia]
-    asv = as_compute(*as_update(verdict[alt.src[ia]], verdict[alt.dst[ia]], lb, la, keep_a))
-    return ivr, asv, kappa, mfs_compute(ivr, asv, kappa)
 
 
 # ------------------------------------------------------------------------------------------ corpus traces

@@ -26,20 +26,16 @@ from sift.evaluation.appendix_common import (
     fmt,
     fmt_cell,
     nan_none,
-    operating_metrics,
     pyplot,
     save_figure,
 )
 from sift.evaluation.engine import PredictionTable, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.metrics import UndefinedMetricWarning
-from sift.metrics.appendix_helpers import (
-    cluster_bootstrap_many,
-    coverage_threshold,
-    expected_cost_curve,
-    sgr_threshold,
-)
+from sift.metrics.appendix_helpers import cluster_bootstrap_many, expected_cost_curve
 from sift.metrics.classification import auroc_kernel
+from sift.metrics.operating import OperatingPoint, operating_metrics
+from sift.metrics.selective import DEFAULT_SGR, SelectiveConfig
 from sift.metrics.significance import benjamini_hochberg
 from sift.report import Section, markdown_table
 
@@ -95,8 +91,9 @@ def factorial_decomposition(
     ``ensembles[name]`` if given (threshold frozen by whoever built it), else the probability average of
     the run's seeds at the mean of their thresholds (:func:`sift.evaluation.predictions.average`).
 
-    MFS is taken at matched coverage κ (default 0.70: the ⌈κn⌉ most confident traces of each detector
-    are certified, a pair counts when both its traces are; ``coverage=None``: full coverage). Effects use
+    MFS is taken at matched coverage κ (default 0.70: ρ ≥ the ⌈κn⌉-th largest ρ of each detector and seed is
+    certified, ties included, a pair counts when both its traces are; :mod:`sift.metrics.operating`;
+    ``coverage=None``: full coverage). Effects use
     ±1 contrast coding: main effect = mean(high cells) − mean(low cells), interactions likewise, and each
     effect's share of the between-cell variance is SS_e/SS_total with SS_e = 2·effect² (one value per
     cell). "Share of gain" = main effect / sum of the three main effects (the paper's 50 / 37.5 / 12.5 %
@@ -130,6 +127,7 @@ def factorial_decomposition(
     ref = stacks[0]
     pres, alt = table.pair_rows(ref, "preserving"), table.pair_rows(ref, "altering")
     joint = JointRows.of(ref, pres, alt)
+    point = OperatingPoint.full() if coverage is None else OperatingPoint.at_coverage(coverage)
 
     # cells in the paper's letters: (arch, objective, ensemble) with 0 = low, 1 = high
     letters = {(0, 0, 0): "A", (0, 0, 1): "B", (1, 0, 0): "C", (1, 0, 1): "D", (1, 1, 0): "E", (1, 1, 1): "F",
@@ -153,7 +151,8 @@ def factorial_decomposition(
         for k in keys:
             st = cell_of[k][1]
             v, r = st.verdict, st.rho
-            per = np.array([operating_metrics(v[s], r[s], pres, alt, it, ip, ia, coverage=coverage)
+            pp, pa = pres.arrays(ip), alt.arrays(ia)
+            per = np.array([operating_metrics(point, r[s][it], v[s], r[s], pp, pa).as_tuple()
                             for s in range(st.n_seeds)])
             cells.append([seed_mean(per[:, j]) for j in range(4)])
         cells = np.array(cells)  # [8, (ivr, as, kappa, mfs)]
@@ -281,7 +280,9 @@ def stability_sensitivity(
 
             def stat(idx, v=v, r=r, st=st, pres=pres, alt=alt, joint=joint, cov=cov):
                 it, ip, ia = joint.split(idx)
-                per = np.array([operating_metrics(v[s], r[s], pres, alt, it, ip, ia, coverage=cov)
+                point = OperatingPoint.full() if cov is None else OperatingPoint.at_coverage(cov)
+                pp, pa = pres.arrays(ip), alt.arrays(ia)
+                per = np.array([operating_metrics(point, r[s][it], v[s], r[s], pp, pa).as_tuple()
                                 for s in range(st.n_seeds)])
                 stab = 1.0 - per[:, 0]
                 bal = np.sqrt(np.clip(stab * per[:, 1], 0, None))
@@ -348,25 +349,23 @@ def _flip(y: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def _noise_metrics(st: SeedStack, pres, alt, it, ip, ia, y_noisy, alpha, delta, reverify) -> np.ndarray:
+def _noise_metrics(st: SeedStack, pres, alt, it, ip, ia, y_noisy, selective: SelectiveConfig, reverify
+                   ) -> np.ndarray:
     v, r = st.verdict, st.rho
     pl = (y_noisy[alt.src], y_noisy[alt.dst])
     pres_mask = (y_noisy[pres.src] == y_noisy[pres.dst]) if reverify else None
     alt_mask = ((pl[0] == alt.phi_src) & (pl[1] == alt.phi_dst)) if reverify else None
+    pp, pa = pres.arrays(ip, mask=pres_mask), alt.arrays(ia, labels=pl, mask=alt_mask)
     out = []
     for s in range(st.n_seeds):
         yt = y_noisy[it]
         auc = auroc_kernel(st.prob[s, it], yt) if it.size else math.nan
         acc = float(np.mean(v[s, it] == yt)) if it.size else math.nan
-        ivr, as_, _, m = operating_metrics(v[s], r[s], pres, alt, it, ip, ia, alt_labels=pl,
-                                           pres_mask=pres_mask, alt_mask=alt_mask)
-        gate = (sgr_threshold(r[s, it], (v[s, it] == yt).astype(int), alpha, delta, groups=st.base_item[it])
+        ivr, as_, _, m = operating_metrics(OperatingPoint.full(), r[s][it], v[s], r[s], pp, pa).as_tuple()
+        gate = (selective.threshold(r[s, it], (v[s, it] == yt).astype(int), st.base_item[it])
                 if it.size else math.inf)
-        if not math.isfinite(gate):
-            cov, ivr_c, as_c, m_c = 0.0, math.nan, math.nan, 0.0  # nothing certified: κ = 0 ⇒ MFS = 0
-        else:
-            ivr_c, as_c, cov, m_c = operating_metrics(v[s], r[s], pres, alt, it, ip, ia, gate=gate,
-                                                      alt_labels=pl, pres_mask=pres_mask, alt_mask=alt_mask)
+        point = OperatingPoint.sgr(gate, math.isfinite(gate))  # infeasible: nothing certified, κ = 0, MFS = 0
+        ivr_c, as_c, cov, m_c = operating_metrics(point, r[s][it], v[s], r[s], pp, pa).as_tuple()
         out.append([auc, acc, ivr, as_, m, cov, ivr_c, as_c, m_c])
     out = np.array(out)
     return np.array([seed_mean(out[:, j]) for j in range(out.shape[1])])
@@ -379,8 +378,7 @@ def label_noise_sensitivity(
     *,
     noise_rates: Sequence[float] = (0.0, 0.025, 0.05, 0.10, 0.15, 0.20),
     n_draws: int = 20,
-    alpha: float = 0.10,
-    delta: float = 0.05,
+    selective: SelectiveConfig = DEFAULT_SGR,
     reverify: bool = False,
     n_resamples: int = 200,
     seed: int = 0,
@@ -392,7 +390,8 @@ def label_noise_sensitivity(
     detectors and seeds) and every label-dependent number is recomputed: AUROC and accuracy at the frozen
     threshold, AS (altering pairs scored against the noisy label change; pairs whose noisy labels no
     longer differ drop out, doubly flipped pairs count as reversed), IVR / AS / MFS at full coverage, and
-    the SGR certified operating point (α, δ; the bound over base items) re-calibrated on the noisy labels with the
+    the SGR certified operating point (``selective``: the report's α, δ, bound and candidates) re-calibrated on the
+    noisy labels with the
     certified IVR / AS / MFS (an infeasible SGR certifies nothing: κ = 0, MFS = 0). The calibration is
     in-sample (on the evaluated split), unlike the paper's held-out calibration set.
 
@@ -423,14 +422,14 @@ def label_noise_sensitivity(
         it, ip, ia = joint.split(np.arange(joint.groups.size))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns (nothing certified) stay NaN
-            means = {n: np.nanmean([_noise_metrics(st, pres, alt, it, ip, ia, yd, alpha, delta, reverify)
+            means = {n: np.nanmean([_noise_metrics(st, pres, alt, it, ip, ia, yd, selective, reverify)
                                     for yd in draws], axis=0) for n, st in zip(names, stacks)}
         brng = np.random.default_rng([seed, ei, 1])
 
         def stat(idx, eps=eps, brng=brng):
             yd = _flip(y, eps, brng)
             it_, ip_, ia_ = joint.split(idx)
-            return np.concatenate([_noise_metrics(st, pres, alt, it_, ip_, ia_, yd, alpha, delta, reverify)
+            return np.concatenate([_noise_metrics(st, pres, alt, it_, ip_, ia_, yd, selective, reverify)
                                    for st in stacks])
 
         b = cluster_bootstrap_many(stat, joint.groups, n_resamples, seed + 1000 * ei)
@@ -467,7 +466,8 @@ def label_noise_sensitivity(
             rows.append([n, m] + [fmt_cell(c) for c in curves[n][m]])
     md = [f"Label noise: a fraction ε of verified labels flipped at random ({n_draws} draws per ε; "
           f"{'pairs re-verified on noisy labels' if reverify else 'pair set fixed, noisy labels score AS'}); "
-          f"SGR at α = {alpha}, δ = {delta} (bound over base items) re-calibrated on the noisy labels (in-sample). "
+          f"SGR at α = {selective.alpha}, δ = {selective.delta} ({selective.bound} bound) re-calibrated on the noisy "
+          f"labels (in-sample). "
           f"95 % CIs: {n_resamples} base-item resamples, fresh noise per resample (paper App. C.8.1).", "",
           markdown_table(hdr, rows), ""]
     for metric, d in rank_res.items():
@@ -491,7 +491,8 @@ def label_noise_sensitivity(
             ax.set_title(m), ax.set_xlabel("label noise ε")
         axes[0, 0].legend(fontsize=7)
         figs = save_figure(fig, out_dir, "appendix_label_noise")
-    results = nan_none({"noise_rates": list(noise_rates), "n_draws": n_draws, "alpha": alpha, "delta": delta,
+    results = nan_none({"noise_rates": list(noise_rates), "n_draws": n_draws, "alpha": selective.alpha,
+                        "delta": selective.delta, "bound": selective.bound,
                         "reverify": reverify, "n_resamples": n_resamples, "curves": curves, "ranking": rank_res})
     return Section("appendix_label_noise", "Label-noise sensitivity (App. C.8.1)", "\n".join(md), figs, results)
 
@@ -533,8 +534,7 @@ def abstention_characterisation(
     traces: TraceTable | None = None,
     thresholds: Mapping[str, float] | None = None,
     coverage: float | None = None,
-    alpha: float = 0.10,
-    delta: float = 0.05,
+    selective: SelectiveConfig = DEFAULT_SGR,
     n_resamples: int = 1000,
     seed: int = 0,
     table: PredictionTable | None = None,
@@ -563,11 +563,13 @@ def abstention_characterisation(
         gates = []
         for s in range(st.n_seeds):
             if thresholds and name in thresholds:
-                gates.append(float(thresholds[name]))
+                point = OperatingPoint.at_gate(float(thresholds[name]))
             elif coverage is not None:
-                gates.append(coverage_threshold(r[s], coverage))
+                point = OperatingPoint.at_coverage(coverage)
             else:
-                gates.append(sgr_threshold(r[s], (v[s] == st.label).astype(int), alpha, delta, groups=st.base_item))
+                t = selective.threshold(r[s], (v[s] == st.label).astype(int), st.base_item)
+                point = OperatingPoint.sgr(t, math.isfinite(t))
+            gates.append(point.threshold(r[s]))
         gates = np.array(gates, float)
         committed = r >= gates[:, None]  # [S, N]
         attrs = _attributes(st, traces)
@@ -620,7 +622,7 @@ def abstention_characterisation(
                   f"(gate {', '.join(fmt(g) for g in gates)})", "",
                   markdown_table(["attribute", "abstained", "committed", "difference", "p (boot)", "q (BH)"], rows), ""]
     op = ("given gate thresholds" if thresholds else f"matched coverage κ = {coverage}" if coverage is not None
-          else f"SGR α = {alpha}, δ = {delta}, calibrated in-sample")
+          else f"SGR α = {selective.alpha}, δ = {selective.delta}, {selective.bound} bound, calibrated in-sample")
     md = [f"Abstained versus committed traces at the operating point ({op}); paper App. C.7.2. Shares are "
           f"fractions; means over seeds; 95 % CIs and p-values from {n_resamples} base-item resamples.", ""] + parts
     results = nan_none({"operating_point": op, "n_resamples": n_resamples, "detectors": res})

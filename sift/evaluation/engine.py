@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 
 from sift.errors import SiftError
-from sift.evaluation.analysis import CALIB_SPLIT, RunData, SelectiveConfig
+from sift.evaluation.analysis import CALIB_SPLIT, RunData
 from sift.evaluation.appendix_common import PairRows, SeedStack
 from sift.evaluation.predictions import Pairs, Predictions
+from sift.metrics.selective import SelectiveConfig
 
 #: selective risk is reported at these coverages (paper Table 3 (a))
 DEFAULT_COVERAGES = (0.05, 0.25, 0.45, 0.65, 0.85, 1.00)
@@ -64,14 +65,7 @@ class ReportOptions:
         ``candidates``, ``max_traces``; a :class:`SelectiveConfig` is taken as is) and a bootstrap node
         (``resamples`` or ``n_resamples``, ``seed``); the nodes may be dicts, DictConfigs or dataclasses."""
         if sgr is not None:
-            if not isinstance(sgr, SelectiveConfig):
-                cands = _get(sgr, "candidates")
-                most = _get(sgr, "max_traces")
-                sgr = SelectiveConfig(float(_get(sgr, "alpha", default=0.25)), float(_get(sgr, "delta", default=0.05)),
-                                      str(_get(sgr, "bound", default="betting")),
-                                      tuple(float(c) for c in cands) if cands else None,
-                                      None if most is None else int(most))
-            values["selective"] = sgr
+            values["selective"] = SelectiveConfig.of(sgr)
         if bootstrap is not None:
             values.setdefault("n_resamples", int(_get(bootstrap, "resamples", "n_resamples", default=1000)))
             values.setdefault("seed", int(_get(bootstrap, "seed", default=0)))

@@ -268,7 +268,9 @@ def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = No
     from sift.workers import process_pool
 
     common = {"n_resamples": int(cfg.bootstrap.appendix_resamples), "seed": int(cfg.bootstrap.seed)}
-    sgr = {"alpha": float(cfg.sgr.alpha), "delta": float(cfg.sgr.delta)}  # the report's one SGR operating point
+    from sift.metrics.selective import SelectiveConfig
+
+    sgr = {"selective": SelectiveConfig.of(cfg.sgr)}  # the report's one SGR setting (bound and candidates too)
     options = {"label_noise": sgr, "abstention": sgr}
     names = [a.name for a in APPENDIX_ANALYSES]
     caches = {n: _section_cache(cache_dir, n, key) for n in names}
@@ -315,8 +317,7 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     from sift.detectors.registry import detector_entries, reference_detector
     from sift.evaluation.controls import slice_ids_from_corpus
 
-    options = ReportOptions.of(sgr={"alpha": cfg.sgr.alpha, "delta": cfg.sgr.delta, "bound": cfg.sgr.bound,
-                                    "candidates": cfg.sgr.candidates, "max_traces": cfg.sgr.get("max_traces")},
+    options = ReportOptions.of(sgr=cfg.sgr,
                                reference=reference_detector(detector_entries(cfg.detectors)),
                                title="sift-faithshift report", slice_ids=slice_ids_from_corpus(corpus),
                                section_modules=list(cfg.report.section_modules), **common)

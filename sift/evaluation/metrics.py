@@ -28,7 +28,8 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from sift.errors import SiftError
-from sift.metrics.invariance import as_compute, as_update, ivr_compute, ivr_update, mfs_compute
+from sift.metrics.invariance import as_compute, as_update, ivr_compute, ivr_update
+from sift.metrics.operating import OperatingMetrics, OperatingPoint, PairArrays, operating_metrics
 
 NAN = float("nan")
 
@@ -54,19 +55,15 @@ def item_keys(items: Sequence[Any] | torch.Tensor) -> torch.Tensor:
 
 def _certify(rho: np.ndarray, ok: np.ndarray, items: np.ndarray, alpha: float, delta: float,
              candidates: list[float] | None, bound: str, where: str):
-    """SGR on gathered calibration traces (:func:`sift.metrics.sgr`, warnings silenced); the item bound needs the
-    base item of every trace."""
-    import warnings
-
-    from sift.metrics import UndefinedMetricWarning, sgr
-    from sift.metrics.selective import ITEM_BOUNDS
+    """SGR on gathered calibration traces (:meth:`sift.metrics.selective.SelectiveConfig.run`, as the report); the
+    item bound needs the base item of every trace."""
+    from sift.metrics.selective import ITEM_BOUNDS, SelectiveConfig
 
     if bound in ITEM_BOUNDS and items.size != rho.size:
         raise SiftError(f"{where}: the {bound!r} bound certifies over base items; pass the base item of every "
                         f"calibration trace (items=...), got {items.size} items for {rho.size} traces")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UndefinedMetricWarning)
-        return sgr(rho, ok, alpha, delta, candidates, bound, groups=items)  # type: ignore[arg-type]
+    cands = None if candidates is None else tuple(candidates)
+    return SelectiveConfig(alpha, delta, bound, cands).run(rho, ok, items)
 
 
 def _axis_ids(axes: Sequence[str], names: Sequence[str] | torch.Tensor, where: str) -> torch.Tensor:
@@ -186,7 +183,8 @@ class MetaFaithfulness(Metric):
     * ``sgr_threshold`` t*, ``coverage`` κ = share of calibration traces with ρ ≥ t*, ``sgr_risk``,
       ``sgr_bound``, ``sgr_feasible``;
     * ``cert/ivr``, ``cert/as``, ``cert/mfs`` — on pairs whose two traces both have ρ ≥ t*, with κ in MFS
-      (docs/design.md §7); NaN when SGR is infeasible or no certified pair is left.
+      (:mod:`sift.metrics.operating`, as every table): an infeasible SGR certifies nothing (κ = 0, IVR/AS NaN,
+      MFS 0); NaN IVR/AS/MFS when no certified pair is left.
     """
 
     full_state_update = False
@@ -280,20 +278,23 @@ class MetaFaithfulness(Metric):
         tr, tc = self._cat("trace_rho", float), self._cat("trace_correct", int)
         ti = self._cat("trace_item", np.int64)
 
-        def ivr_as(sel: np.ndarray) -> tuple[np.ndarray, float, float]:
-            per, ivr = ivr_compute(*ivr_update(vs, vd, ax, len(self.axes), sel & (kind == 0)))
-            return per, ivr, as_compute(*as_update(vs, vd, ys, yd, sel & (kind == 1)))
+        # every pair's two traces as rows of per-trace arrays, for the operating-point kernel
+        n = len(vs)
+        verdict, rho, rows = np.concatenate([vs, vd]), np.concatenate([rs, rd]), np.arange(n)
+        pres, alt = rows[kind == 0], rows[kind == 1]
+        preserving = PairArrays(pres, n + pres, axis=ax[pres])
+        altering = PairArrays(alt, n + alt, label_src=ys[alt], label_dst=yd[alt])
+
+        def at(point: OperatingPoint) -> OperatingMetrics:
+            return operating_metrics(point, tr, verdict, rho, preserving, altering, len(self.axes))
 
         out: dict[str, float] = {}
-        per, ivr, as_ = ivr_as(np.ones(len(vs), bool))
-        out.update({f"ivr/{a}": float(v) for a, v in zip(self.axes, per)})
-        out.update({"ivr": ivr, "as": as_, "mfs": mfs_compute(ivr, as_, 1.0)})
+        full = at(OperatingPoint.full())
+        out.update({f"ivr/{a}": float(v) for a, v in zip(self.axes, full.ivr_axes)})
+        out.update({"ivr": full.ivr, "as": full.as_, "mfs": full.mfs})
         r = _certify(tr, tc, ti, self.alpha, self.delta, self.candidates, self.bound, "MetaFaithfulness")
-        out.update({"sgr_threshold": r.threshold, "coverage": r.coverage if tr.size else NAN,
-                    "sgr_risk": r.selective_risk, "sgr_bound": r.bound_value, "sgr_feasible": float(r.feasible)})
-        if r.feasible:
-            _, civr, cas = ivr_as((rs >= r.threshold) & (rd >= r.threshold))
-            out.update({"cert/ivr": civr, "cert/as": cas, "cert/mfs": mfs_compute(civr, cas, r.coverage)})
-        else:
-            out.update({"cert/ivr": NAN, "cert/as": NAN, "cert/mfs": NAN})
+        cert = at(OperatingPoint.sgr(r.threshold, r.feasible))  # infeasible: κ = 0, MFS 0 (the report's rule)
+        out.update({"sgr_threshold": r.threshold, "coverage": cert.coverage if tr.size else NAN,
+                    "sgr_risk": r.selective_risk, "sgr_bound": r.bound_value, "sgr_feasible": float(r.feasible),
+                    "cert/ivr": cert.ivr, "cert/as": cert.as_, "cert/mfs": cert.mfs})
         return {k: torch.tensor(v, dtype=torch.float32) for k, v in out.items()}

@@ -17,13 +17,9 @@ import numpy as np
 
 from sift.atomic import atomic_open
 from sift.errors import SiftError
+from sift.metrics.selective import gate
 
 _ARRAYS = ("trace_id", "base_item", "domain", "model", "condition", "label", "prob")
-
-
-def confidence(prob: np.ndarray) -> np.ndarray:
-    """The default gate ρ = max(s, 1 − s) (docs/design.md §7)."""
-    return np.maximum(prob, 1.0 - prob)
 
 
 @dataclass
@@ -87,7 +83,7 @@ class Predictions:
 
     @property
     def confidence(self) -> np.ndarray:
-        return confidence(self.prob)
+        return gate(self.prob)
 
     @property
     def correct(self) -> np.ndarray:

@@ -1,6 +1,5 @@
 """Small pure helpers for the appendix analyses (sift.evaluation.appendix*): the vector-valued front-end of the
-cluster bootstrap, matched-coverage thresholds, partial correlation, bootstrap p-values, the expected-cost
-curve of paper eq. 43 and the SGR threshold alone (for bootstrap loops)."""
+cluster bootstrap, partial correlation, bootstrap p-values and the expected-cost curve of paper eq. 43."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from numpy.typing import ArrayLike
 from sift.errors import SiftError
 from sift.metrics.bootstrap import ClusterRows, bootstrap_drawn, bootstrap_p_value
 from sift.metrics.checks import UndefinedMetricWarning
-from sift.metrics.selective import DEFAULT_CANDIDATES, candidate_bounds
+from sift.metrics.operating import coverage_threshold
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,21 +65,6 @@ def cluster_bootstrap_many(
     return BootstrapMany(est, low, high, reps, np.isnan(reps).sum(axis=0))
 
 
-def coverage_threshold(rho: ArrayLike, coverage: float) -> float:
-    """Gate threshold t with coverage P(ρ ≥ t) ≈ ``coverage`` (matched-coverage operating point).
-
-    t is the ⌈coverage·n⌉-th largest ρ, so the realised coverage is ≥ ``coverage`` (larger under ties).
-    ``coverage`` = 1 gives min ρ (everything committed); an empty ρ gives +inf (nothing committed).
-    """
-    r = np.asarray(rho, dtype=float)
-    if not 0.0 < coverage <= 1.0:
-        raise SiftError(f"coverage must lie in (0, 1], got {coverage}")
-    if r.size == 0:
-        return math.inf
-    k = max(1, math.ceil(coverage * r.size - 1e-9))
-    return float(np.sort(r)[::-1][k - 1])
-
-
 def partial_correlation(x: ArrayLike, y: ArrayLike, controls: ArrayLike | None) -> float:
     """Pearson correlation of x and y after removing (OLS with intercept) the linear effect of ``controls``.
 
@@ -121,7 +105,8 @@ def expected_cost_curve(
     """Expected cost per trace at each coverage κ (paper eq. 43, App. C.7.4).
 
     E[Cost](κ) = κ·[π·FNR(κ)·C_FN + (1−π)·FPR(κ)·C_FP] + (1−κ)·C_A, where the committed set at κ is the
-    ⌈κ·n⌉ traces of highest ρ (stable order on ties), the positive class of the *cost* is "unfaithful"
+    traces a coverage-κ operating point certifies (ρ ≥ the ⌈κn⌉-th largest ρ, ties included:
+    :mod:`sift.metrics.operating`), the positive class of the *cost* is "unfaithful"
     (label 0): a false negative is a committed unfaithful trace judged faithful (verdict 1, label 0),
     FNR(κ) = FN/#unfaithful committed, FPR(κ) = FP/#faithful committed (0 when the committed set has none
     of that class), and π is the unfaithful base rate (default: the empirical share of label 0 over all
@@ -137,28 +122,11 @@ def expected_cost_curve(
     neg = np.concatenate([[0], np.cumsum((y == 0)[order])])
     pos = np.concatenate([[0], np.cumsum((y == 1)[order])])
     out = np.empty(len(np.atleast_1d(coverages)))
+    desc = rho[order]
     for i, kappa in enumerate(np.atleast_1d(np.asarray(coverages, float))):
-        k = min(n, math.ceil(kappa * n - 1e-9)) if n else 0
+        # the committed set is a prefix of the descending order: ρ ≥ t_κ, ties with t_κ included
+        k = int(np.sum(desc >= coverage_threshold(desc, kappa))) if n and kappa > 0 else 0
         fnr = fn[k] / neg[k] if neg[k] else 0.0
         fpr = fp[k] / pos[k] if pos[k] else 0.0
         out[i] = kappa * (pi * fnr * c_fn + (1.0 - pi) * fpr * c_fp) + (1.0 - kappa) * c_abstain
     return out
-
-
-def sgr_threshold(
-    confidence: ArrayLike,
-    correct: ArrayLike,
-    alpha: float,
-    delta: float,
-    candidates: ArrayLike | None = None,
-    groups: ArrayLike | None = None,
-    bound: str = "betting",
-) -> float:
-    """The threshold :func:`sift.metrics.sgr` certifies, without the curve, the bound values or the input checks
-    (the same kernel, :func:`~sift.metrics.selective.candidate_bounds`); +inf when none is feasible. For
-    bootstrap loops. ``groups``: the base item of every trace (the default bound is over base items)."""
-    rho = np.asarray(confidence, float)
-    ts = DEFAULT_CANDIDATES if candidates is None else np.unique(np.asarray(candidates, float))
-    cb = candidate_bounds(rho, np.asarray(correct, int), ts, alpha, delta / ts.size, bound, groups, values=False)
-    hits = np.flatnonzero(cb.certified)
-    return math.inf if hits.size == 0 else float(ts[hits[0]])

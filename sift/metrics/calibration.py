@@ -9,6 +9,7 @@ from numpy.typing import ArrayLike
 
 from sift.errors import SiftError
 from sift.metrics.checks import as_binary, as_finite, same_length, undefined
+from sift.metrics.selective import gate
 
 
 def uniform_bin_index(confidence: ArrayLike, n_bins: int) -> np.ndarray:
@@ -69,7 +70,7 @@ def ece(
     if n == 0:
         return undefined("ECE undefined: no predictions")
     if reliability == "top_label":
-        conf, acc = np.maximum(p, 1.0 - p), ((p >= 0.5).astype(int) == y).astype(float)
+        conf, acc = gate(p), ((p >= 0.5).astype(int) == y).astype(float)
     elif reliability == "positive_class":
         conf, acc = p, y.astype(float)
     else:

@@ -18,6 +18,7 @@ from sift.errors import SiftError
 from sift.metrics.betting import betting_bounds, item_codes, item_counts
 from sift.metrics.binomial import clopper_pearson_upper, wald_upper
 from sift.metrics.checks import as_binary, as_finite, check_unit, same_length, undefined
+from sift.metrics.operating import coverage_threshold
 
 #: Default candidate thresholds, fixed before seeing data: a grid over the range of ρ = max(s, 1−s) in steps of
 #: 0.05. Every candidate costs δ/|𝒯| (Bonferroni), so a coarse grid leaves more of δ to each bound: with the item
@@ -25,10 +26,16 @@ from sift.metrics.checks import as_binary, as_finite, check_unit, same_length, u
 DEFAULT_CANDIDATES = np.linspace(0.5, 1.0, 11)
 
 
+def gate(scores):  # noqa: ANN001, ANN201 -- numpy arrays or torch tensors alike
+    """The gate ρ = max(s, 1 − s) of detector probabilities s (docs/design.md §7), elementwise, for a numpy array
+    or a torch tensor of any shape (the one place the formula is written; no input checks)."""
+    other = 1.0 - scores
+    return scores.maximum(other) if hasattr(scores, "maximum") else np.maximum(scores, other)
+
+
 def confidence_gate(scores: ArrayLike) -> np.ndarray:
-    """Default gate ρ(c) = max(s, 1−s) for a detector probability s (docs/design.md §7)."""
-    s = as_finite("scores", scores)
-    return np.maximum(s, 1.0 - s)
+    """:func:`gate` of a 1-D array of finite probabilities (SiftError otherwise)."""
+    return gate(as_finite("scores", scores))
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,29 +242,92 @@ def sgr(
     )
 
 
+@dataclass(frozen=True)
+class SelectiveConfig:
+    """The report's SGR settings (``configs/sgr``, docs/design.md §7): target risk α, failure probability δ, bound
+    (``betting``: over base items, the default; ``clopper-pearson`` / ``normal``: the paper's trace-level bounds),
+    candidate grid (None: :data:`DEFAULT_CANDIDATES`) and the most traces one base item may hold (None: the
+    calibration sample's largest item). Every certificate of the report, its appendix and its callbacks is
+    computed by :meth:`run` or :meth:`threshold` with these settings."""
+
+    alpha: float = 0.25
+    delta: float = 0.05
+    bound: str = "betting"
+    candidates: tuple[float, ...] | None = None
+    max_traces: int | None = None
+
+    @classmethod
+    def of(cls, node: object) -> SelectiveConfig:
+        """From an SGR node (``configs/sgr``: a dict, DictConfig or object with ``alpha``, ``delta``, ``bound``,
+        ``candidates``, ``max_traces``; a missing key keeps the default); a SelectiveConfig is returned as is."""
+        if isinstance(node, SelectiveConfig):
+            return node
+
+        def get(key: str) -> object:
+            if isinstance(node, dict) or hasattr(node, "get"):
+                return node.get(key)  # type: ignore[union-attr]
+            return getattr(node, key, None)
+
+        base = cls()
+        alpha, delta, bound, cands, most = (get(k) for k in ("alpha", "delta", "bound", "candidates", "max_traces"))
+        return cls(base.alpha if alpha is None else float(alpha),  # type: ignore[arg-type]
+                   base.delta if delta is None else float(delta),  # type: ignore[arg-type]
+                   base.bound if bound is None else check_bound(str(bound)),
+                   tuple(float(c) for c in cands) if cands else None,  # type: ignore[union-attr]
+                   None if most is None else int(most))  # type: ignore[call-overload]
+
+    def run(self, rho: ArrayLike, correct: ArrayLike, items: ArrayLike | None, alpha: float | None = None
+            ) -> SGRResult:
+        """SGR on calibration traces (gate ρ, 1[verdict = φ*], base item of each; ``alpha`` overrides α), with
+        undefined-metric warnings silenced (an infeasible certificate says why in ``reason``)."""
+        import warnings
+
+        from sift.metrics.checks import UndefinedMetricWarning
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UndefinedMetricWarning)
+            return sgr(rho, correct, self.alpha if alpha is None else alpha, self.delta,
+                       None if self.candidates is None else list(self.candidates), self.bound,  # type: ignore
+                       groups=items, max_traces=self.max_traces)
+
+    def threshold(self, rho: ArrayLike, correct: ArrayLike, items: ArrayLike | None, alpha: float | None = None
+                  ) -> float:
+        """The threshold :meth:`run` certifies (+inf when infeasible), without the curve, the bound values or the
+        input checks: the same kernel (:func:`candidate_bounds`), for bootstrap loops."""
+        ts = candidate_grid(self.candidates)
+        a = self.alpha if alpha is None else alpha
+        cb = candidate_bounds(np.asarray(rho, float), np.asarray(correct, int), ts, a, self.delta / ts.size,
+                              self.bound, items, self.max_traces, values=False)
+        hits = np.flatnonzero(cb.certified)
+        return math.inf if hits.size == 0 else float(ts[hits[0]])
+
+
+#: the defaults of :class:`SelectiveConfig` (``configs/sgr/default.yaml`` sets the job's)
+DEFAULT_SGR = SelectiveConfig()
+
+
 def select_top(confidence: ArrayLike, coverage: float) -> np.ndarray:
-    """Boolean mask of the ⌈coverage·n⌉ traces with the highest gate ρ (coverage-matched selection, paper
-    App. C.7.3). Ties in ρ are broken by position (stable sort), so exactly ⌈κn⌉ traces are kept."""
+    """Boolean mask of the traces a coverage-κ operating point certifies (coverage-matched selection, paper
+    App. C.7.3): ρ ≥ the ⌈κn⌉-th largest ρ (:func:`sift.metrics.operating.coverage_threshold`). Traces tied
+    with that value are all kept (the tie rule of :mod:`sift.metrics.operating`), so ≥ ⌈κn⌉ traces are kept
+    when ρ ties; κ = 0 keeps none."""
     rho = as_finite("confidence", confidence)
     check_unit("coverage", coverage)
-    n = rho.size
-    k = int(math.ceil(coverage * n - 1e-9))
-    keep = np.zeros(n, dtype=bool)
-    if k:
-        keep[np.argsort(-rho, kind="mergesort")[:k]] = True
-    return keep
+    if coverage == 0 or rho.size == 0:
+        return np.zeros(rho.size, dtype=bool)
+    return rho >= coverage_threshold(rho, coverage)
 
 
 def top_coverage_counts(confidence: np.ndarray, correct: np.ndarray, coverage: float) -> tuple[int, int]:
-    """Kernel of the coverage-indexed selective risk: (errors, size) of the ⌈coverage·n⌉ most confident traces
-    (:func:`select_top`); the risk is errors / size."""
+    """Kernel of the coverage-indexed selective risk: (errors, size) of the traces :func:`select_top` keeps at
+    ``coverage``; the risk is errors / size."""
     keep = select_top(confidence, coverage)
     n = int(keep.sum())
     return int(n - np.asarray(correct)[keep].sum()), n
 
 
 def risk_at_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float) -> float:
-    """Empirical selective risk (error rate) among the ⌈coverage·n⌉ most confident traces (:func:`select_top`).
+    """Empirical selective risk (error rate) among the traces certified at ``coverage`` (:func:`select_top`).
 
     This is the coverage-indexed risk–coverage curve (the paper's Fig. 9 x-axis); no threshold is
     certified here, see :func:`sgr` for that. Zero selected traces: NaN with a warning.

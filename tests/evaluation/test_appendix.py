@@ -26,11 +26,13 @@ from sift.evaluation.appendix import (
     stability_sensitivity,
     theorem_bound_audit,
 )
-from sift.evaluation.appendix_common import JointRows, operating_metrics
+from sift.evaluation.appendix_common import JointRows
 from sift.evaluation.appendix_corpus import _scrambled
 from sift.evaluation.appendix_theory import _local_sensitivity, bound_quantities
 from sift.evaluation.engine import PredictionTable
 from sift.evaluation.predictions import Pairs, Predictions
+from sift.metrics.operating import OperatingPoint, operating_metrics
+from sift.metrics.selective import SelectiveConfig
 
 R = 20  # bootstrap resamples in tests
 ITEMS = [f"i{k}" for k in range(4)]
@@ -79,10 +81,11 @@ def test_operating_metrics_full_and_matched_coverage():
     pres, alt = table.pair_rows(st, "preserving"), table.pair_rows(st, "altering")
     it, ip, ia = JointRows.of(st, pres, alt).split(np.arange(4 + 2 + 1))
     v, r = st.verdict[0], st.rho[0]  # verdicts 1 1 1 0, ρ .95 .9 .6 .7
-    ivr, as_, kappa, m = operating_metrics(v, r, pres, alt, it, ip, ia)
+    pp, pa = pres.arrays(ip), alt.arrays(ia)
+    ivr, as_, kappa, m = operating_metrics(OperatingPoint.full(), r[it], v, r, pp, pa).as_tuple()
     assert (ivr, as_, kappa) == (0.5, 1.0, 1.0)
     assert m == pytest.approx(2 * 0.5 * 1 / 1.5)
-    ivr, as_, kappa, m = operating_metrics(v, r, pres, alt, it, ip, ia, coverage=0.5)  # certifies a, b
+    ivr, as_, kappa, m = operating_metrics(OperatingPoint.at_coverage(0.5), r[it], v, r, pp, pa).as_tuple()  # a, b
     assert (ivr, kappa) == (0.0, 0.5) and math.isnan(as_) and math.isnan(m)
 
 
@@ -171,7 +174,7 @@ def test_label_noise_flipping_every_label():
     prob = [0.9, 0.6, 0.1, 0.8, 0.3, 0.2, 0.7, 0.95, 0.4, 0.85, 0.65, 0.05]
     runs = {"d": [preds("d", 0, prob=prob)]}
     sec = label_noise_sensitivity(runs, toy_pairs(), None, noise_rates=(0.0, 1.0), n_draws=2, n_resamples=4,
-                                  alpha=0.3, delta=0.2)
+                                  selective=SelectiveConfig(0.3, 0.2))
     c = sec.results["curves"]["d"]
     auc0, auc1 = c["auroc"][0]["estimate"], c["auroc"][1]["estimate"]
     assert auc1 == pytest.approx(1 - auc0)

@@ -6,14 +6,9 @@ import numpy as np
 import pytest
 
 from sift.metrics import cluster_bootstrap, sgr
-from sift.metrics.appendix_helpers import (
-    cluster_bootstrap_many,
-    coverage_threshold,
-    expected_cost_curve,
-    partial_correlation,
-    pearson,
-    sgr_threshold,
-)
+from sift.metrics.appendix_helpers import cluster_bootstrap_many, expected_cost_curve, partial_correlation, pearson
+from sift.metrics.operating import coverage_threshold
+from sift.metrics.selective import SelectiveConfig
 
 
 def test_coverage_threshold_is_the_ceil_kappa_n_th_largest():
@@ -41,7 +36,7 @@ def test_vector_bootstrap_matches_the_scalar_one():
     assert zero.p_value()[0] == 1.0
 
 
-def test_sgr_threshold_equals_sgr():
+def test_selective_threshold_equals_sgr_for_every_bound():
     rng = np.random.default_rng(0)
     for trial in range(6):
         n = int(rng.integers(20, 400))
@@ -49,10 +44,10 @@ def test_sgr_threshold_equals_sgr():
         correct = (rng.uniform(size=n) < rho ** (1 + trial)).astype(int)
         items = rng.integers(0, max(n // 8, 2), n)
         for alpha in (0.05, 0.2, 0.4):
-            ref = sgr(rho, correct, alpha, 0.05, groups=items)
-            assert sgr_threshold(rho, correct, alpha, 0.05, groups=items) == ref.threshold
-            ref = sgr(rho, correct, alpha, 0.05, bound="clopper-pearson")
-            assert sgr_threshold(rho, correct, alpha, 0.05, bound="clopper-pearson") == ref.threshold
+            for bound in ("betting", "clopper-pearson", "normal"):
+                ref = sgr(rho, correct, alpha, 0.05, bound=bound, groups=items)
+                cfg = SelectiveConfig(alpha, 0.05, bound)
+                assert cfg.threshold(rho, correct, items) == ref.threshold == cfg.run(rho, correct, items).threshold
 
 
 def test_partial_correlation_removes_the_control():

@@ -115,8 +115,9 @@ def test_selective_section_hand_values(tmp_path):
     # full coverage, δ/2 = 0.25: items i2, i3, i0, i1 hold (4, 4, 4, 3) traces with (1, 2, 0, 2) errors, M = 4
     assert r["by_coverage"]["1.0"]["bound"] == pytest.approx(
         betting_reference([4, 4, 4, 3], [1, 2, 0, 2], 4, 0.25, 0.7), abs=1e-4)
-    # kappa = 0.7: the 11 most confident traces (ties by position) hold 2 errors (i3/a, i1/p)
-    assert r["matched"]["risk"]["estimate"] == pytest.approx(2 / 11)
+    # kappa = 0.7: ρ ≥ the 11th largest ρ (0.6, tied three times) certifies 13 traces holding 4 errors (i1/p, i1/a,
+    # i3/a, i2/h); the old rule (exactly 11, ties by position) gave 2 / 11
+    assert r["matched"]["risk"]["estimate"] == pytest.approx(4 / 13)
     op = r["sgr"]["0.7"]
     assert op["coverage"] == pytest.approx(7 / 15) and op["risk"] == 0.0
     c = s.results["comparisons"]["copy"]
@@ -184,7 +185,7 @@ def _run(split, wrong, n_items=40, per=5, detector="d"):
 def test_selective_section_explains_certified_runs_above_alpha():
     """Certified on a clean calibration split (60 items, no error); on the test split the risk is 0.6 (its 95 %
     lower bound over items clears α: a failure) or 0.3 on 6 items (lower bound ≤ α: test-sample noise)."""
-    from sift.evaluation.analysis import SelectiveConfig
+    from sift.metrics.selective import SelectiveConfig
 
     calib = {"d": [_run("calib", [False], n_items=60)]}
     bad = {"d": [_run("test", [True, True, True, False, False])]}

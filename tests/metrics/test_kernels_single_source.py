@@ -39,7 +39,9 @@ from sift.metrics import (  # noqa: E402
     invariance,
     selective,
 )
-from sift.metrics.appendix_helpers import cluster_bootstrap_many, sgr_threshold  # noqa: E402
+from sift.metrics.appendix_helpers import cluster_bootstrap_many  # noqa: E402
+from sift.metrics.operating import OperatingPoint, operating_metrics  # noqa: E402
+from sift.metrics.selective import SelectiveConfig  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -106,8 +108,9 @@ def test_ivr_as_mfs_kernels_feed_every_caller(monkeypatch):
     stack = table.stack("toy", [run])
     pres, alt = table.pair_rows(stack, "preserving"), table.pair_rows(stack, "altering")
     it, ip, ia = np.arange(len(stack.trace_id)), np.arange(len(pres)), np.arange(len(alt))
-    assert appendix_common.operating_metrics(stack.verdict[0], stack.rho[0], pres, alt, it, ip, ia) == \
-        (0.125, 0.75, 1.0, 0.375)
+    r = stack.rho[0]
+    assert operating_metrics(OperatingPoint.full(), r[it], stack.verdict[0], r, pres.arrays(ip),
+                             alt.arrays(ia)).as_tuple() == (0.125, 0.75, 1.0, 0.375)
 
 
 def test_binomial_bound_feeds_sgr_tables_appendix_and_companion(monkeypatch):
@@ -117,8 +120,9 @@ def test_binomial_bound_feeds_sgr_tables_appendix_and_companion(monkeypatch):
     hit = patch_kernel(monkeypatch, binomial, "clopper_pearson_upper", fake_upper)
     assert {"sift.metrics.selective"} <= set(hit)
     assert selective.sgr([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], "clopper-pearson").bound_value == 0.0625
-    assert sgr_threshold([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], bound="clopper-pearson") == 0.5   # 0.0625 <= alpha
-    cp = analysis.SelectiveConfig(bound="clopper-pearson")
+    cp = SelectiveConfig(0.1, 0.05, "clopper-pearson", (0.5,))
+    assert cp.threshold([0.9, 0.8], [1, 0], None) == 0.5   # 0.0625 <= alpha
+    cp = SelectiveConfig(bound="clopper-pearson")
     sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), selective=cp, n_resamples=0)
     assert sec.results["detectors"]["toy"]["by_coverage"]["1.0"]["bound"] == 0.0625
     assert _stats.clopper_pearson(3, 10)[1] == 0.0625
@@ -137,7 +141,7 @@ def test_item_bound_feeds_every_certificate(monkeypatch):
     hit = patch_kernel(monkeypatch, betting, "betting_bounds", fake)
     assert sorted(hit) == ["sift.metrics.betting", "sift.metrics.selective"]  # callers all use candidate_bounds
     assert selective.sgr([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], groups=["a", "b"]).bound_value == 0.125
-    assert sgr_threshold([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], groups=["a", "b"]) == 0.5
+    assert SelectiveConfig(0.1, 0.05, candidates=(0.5,)).threshold([0.9, 0.8], [1, 0], ["a", "b"]) == 0.5
     assert _main()["sgr"][0]["bound"] == 0.125
     sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), selective=toy.CERT, alphas=[0.7],
                                  n_resamples=0).results["detectors"]["toy"]

@@ -11,7 +11,6 @@ import numpy as np
 from sift.errors import SiftError
 from sift.evaluation.analysis import (
     NAN,
-    SelectiveConfig,
     bootstrap_vector,
     bound_unit,
     common_items,
@@ -23,7 +22,6 @@ from sift.evaluation.analysis import (
 from sift.evaluation.engine import PredictionTable, ReportContext, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
-    DEFAULT_SGR,
     UNDERTRAINED_MARK,
     as_list,
     ci_dict,
@@ -35,6 +33,7 @@ from sift.evaluation.sections.registry import ReportSection, register_section
 from sift.metrics import (
     UndefinedMetricWarning,
 )
+from sift.metrics.selective import DEFAULT_SGR, SelectiveConfig
 from sift.report import Section, markdown_table
 from sift.report.numbers import fmt_cell
 

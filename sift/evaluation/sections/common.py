@@ -17,12 +17,12 @@ from sift.evaluation.analysis import (
     NAN,
     Items,
     RunData,
-    SelectiveConfig,
     match_calibration,
     num,
 )
 from sift.evaluation.engine import PredictionTable
 from sift.evaluation.predictions import Predictions
+from sift.metrics.selective import SelectiveConfig
 
 
 def as_list(x: Predictions | Sequence[Predictions]) -> list[Predictions]:
@@ -52,7 +52,6 @@ def prepare_runs(table: PredictionTable, rows: dict[str, list[Predictions]], axe
 
 
 #: SGR parameters of a table when none are given (α = 0.25, δ = 0.05, the bound over base items)
-DEFAULT_SGR = SelectiveConfig()
 
 
 def nz(x: Any) -> float:

@@ -15,7 +15,6 @@ from sift.errors import SiftError
 from sift.evaluation.analysis import (
     NAN,
     RunData,
-    SelectiveConfig,
     bootstrap_vector,
     bound_unit,
     calibration_source,
@@ -31,7 +30,6 @@ from sift.evaluation.controls import NOT_ABOVE, control_margins, is_control, mar
 from sift.evaluation.engine import PredictionTable, ReportContext, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
-    DEFAULT_SGR,
     DETERMINISTIC_MARK,
     DETERMINISTIC_NOTE,
     UNDERTRAINED_MARK,
@@ -48,6 +46,7 @@ from sift.metrics import (
     UndefinedMetricWarning,
     seed_repeat_decomposition,
 )
+from sift.metrics.selective import DEFAULT_SGR, SelectiveConfig
 from sift.report import Section, markdown_table
 from sift.report.numbers import fmt, fmt_cell, fmt_ci
 

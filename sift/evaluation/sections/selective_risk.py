@@ -15,7 +15,6 @@ from sift.errors import SiftError
 from sift.evaluation.analysis import (
     NAN,
     RunData,
-    SelectiveConfig,
     bootstrap_vector,
     bound_unit,
     calibration_source,
@@ -31,7 +30,6 @@ from sift.evaluation.controls import with_group_rows
 from sift.evaluation.engine import DEFAULT_COVERAGES, PredictionTable, ReportContext, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
-    DEFAULT_SGR,
     ci_dict,
     nz,
     prepare_runs,
@@ -43,8 +41,8 @@ from sift.metrics import (
     risk_upper_bound,
     select_top,
 )
-from sift.metrics.invariance import mfs_compute
-from sift.metrics.selective import selection_counts, top_coverage_counts
+from sift.metrics.operating import OperatingPoint
+from sift.metrics.selective import DEFAULT_SGR, SelectiveConfig, selection_counts, top_coverage_counts
 from sift.report import Section, markdown_table
 from sift.report.numbers import fmt, fmt_ci
 
@@ -84,15 +82,11 @@ def _excess(rd: RunData, threshold: float, alpha: float, selective: SelectiveCon
 
 
 def _mfs_at(rd: RunData, prow: np.ndarray, trow: np.ndarray, coverage: float) -> float:
-    """MFS at matched coverage: the ⌈κn⌉ most confident traces are certified; IVR/AS on pairs with both."""
+    """MFS at matched coverage κ (:mod:`sift.metrics.operating`: ρ ≥ the ⌈κn⌉-th largest ρ of the traces, ties
+    included; κ in MFS is the realised share)."""
     if trow.size == 0:
         return NAN
-    keep = select_top(rd.rho[trow], coverage)
-    certified = np.zeros(len(rd), bool)
-    certified[trow[keep]] = True
-    sel = certified[rd.p_src[prow]] & certified[rd.p_dst[prow]]
-    _, ivr, as_ = rd.pair_rates(prow, sel)
-    return mfs_compute(ivr, as_, coverage)
+    return rd.at(OperatingPoint.at_coverage(coverage), trow, prow).mfs
 
 
 def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | None = None, *,
