@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
+from sift.resources import config_dir, organism_checkpoints
+
 
 @dataclass
 class SGRConfig:
@@ -174,14 +176,22 @@ def register_schemas() -> None:
         cs.store(name=name, node=node)
 
 
+def register_resolvers() -> None:
+    """``${sift_organism:<family>}`` in configs (the folder of a shipped organism model, e.g. ``gpt2``) and the
+    configs' schemas in Hydra's ConfigStore (idempotent)."""
+    from omegaconf import OmegaConf
+
+    register_schemas()
+    if not OmegaConf.has_resolver("sift_organism"):
+        OmegaConf.register_new_resolver("sift_organism", lambda family: str(organism_checkpoints() / str(family)))
+
+
 def compose(config_name: str, overrides: list[str]) -> DictConfig:
     """Compose one of sift's Hydra configs (``train``, ``corpus`` …; works inside and outside a running Hydra
     app; a ``--config-dir``/``$SIFT_CONFIG_DIR`` folder overrides the packaged configs)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-
-    from sift.resources import config_dir, register_resolvers
 
     register_resolvers()
     if GlobalHydra.instance().is_initialized():

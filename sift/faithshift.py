@@ -211,7 +211,7 @@ def _train_job(cfg_yaml: str | None, out: str, spec: RunSpec, gpus: list[str] | 
                cfg: DictConfig | None = None) -> tuple[dict, dict[str, Path]]:
     """One training job (a local worker process or a SLURM task; configs travel as YAML). ``gpus``: the GPUs
     a local worker may take one of (a SLURM task gets its own through ``CUDA_VISIBLE_DEVICES``)."""
-    from sift.engine import select_gpu
+    from sift.execution import select_gpu
 
     select_gpu(gpus)
     return train_run(cfg if cfg is not None else OmegaConf.create(cfg_yaml), Path(out), spec)
@@ -222,7 +222,7 @@ def train_all(cfg: DictConfig, out: Path,
     """Train every run and write its predictions on ``cfg.executor`` (``local``: ``cfg.workers`` processes at a
     time; ``slurm``: an array job), the costliest detectors' runs first (``registry.cost``); finished runs are
     skipped by run hash and up-to-date predictions reused; a failed run is retried ``executor.retries`` times."""
-    from sift.engine import run_jobs
+    from sift.execution import run_jobs
 
     order = sorted(specs, key=lambda s: (-s.cost, s.key))
     records: dict[str, dict] = {}
@@ -312,7 +312,7 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         for det, cap in (cfg.get(key) or {}).items():
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
                 raise SiftError(f"{key}.{det}: a cap must be an integer >= 1, got {cap!r}")
-    from sift.engine import validate_executor
+    from sift.execution import validate_executor
 
     validate_executor(cfg)
 

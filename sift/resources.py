@@ -31,16 +31,3 @@ def config_dir() -> Path:
 def organism_checkpoints() -> Path:
     """The folder of the shipped organism weights (``gpt2/`` and ``llama/``, plus the model card)."""
     return _package_dir("weights", "organism")
-
-
-def register_resolvers() -> None:
-    """``${sift_organism:<family>}`` in configs: the folder of a shipped organism model (e.g. ``gpt2``); and the
-    configs' schemas (:mod:`sift.config`) in Hydra's ConfigStore."""
-    from omegaconf import OmegaConf
-
-    from sift.config import register_schemas
-
-    register_schemas()
-
-    if not OmegaConf.has_resolver("sift_organism"):
-        OmegaConf.register_new_resolver("sift_organism", lambda family: str(organism_checkpoints() / str(family)))

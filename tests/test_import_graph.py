@@ -49,13 +49,29 @@ def package_of(module: str) -> str | None:
     return "sift"
 
 
-def imports_of(path: Path, mod: str | None = None) -> list[tuple[str, list[str], int]]:
+def top_level_nodes(tree: ast.Module) -> list[ast.AST]:
+    """The statements that run when a module is imported: its body, and the bodies of module-level ``if`` / ``try``
+    blocks, except ``if TYPE_CHECKING:`` (function and class bodies run later)."""
+    out: list[ast.AST] = []
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop(0)
+        out.append(node)
+        if isinstance(node, ast.If) and not (isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"):
+            todo += node.body + node.orelse
+        elif isinstance(node, ast.Try):
+            todo += node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body]
+    return out
+
+
+def imports_of(path: Path, mod: str | None = None, module_level: bool = False) -> list[tuple[str, list[str], int]]:
     """(imported module, names imported from it, line) for every import statement in a file (``mod``: its module
-    name, by default from its path under the repository)."""
+    name, by default from its path under the repository; ``module_level``: only the imports run at import time)."""
     mod = module_name(path) if mod is None else mod
     is_pkg = path.name == "__init__.py"
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for node in (top_level_nodes(tree) if module_level else ast.walk(tree)):
         if isinstance(node, ast.Import):
             out += [(a.name, [], node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -144,3 +160,74 @@ def test_imports_are_read_inside_functions_and_relative_ones_resolved(tmp_path):
                  "    from .pairs import _pair\n")
     assert imports_of(f, "sift.corpus.m") == [("os", [], 1), ("sift.cli.corpus", [], 4), ("sift.lm", ["states"], 5),
                                               ("sift.corpus.pairs", ["_pair"], 6)]
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module → the sift / datamodules modules it imports at import time (module-level statements; an import inside
+    a function is how a module defers one); ``from pkg import name`` resolves to the submodule ``pkg.name`` when that
+    is a module."""
+    files = sorted((ROOT / "sift").rglob("*.py")) + sorted((ROOT / "datamodules").rglob("*.py"))
+    known = {module_name(p) for p in files}
+    graph: dict[str, set[str]] = {}
+    for path in files:
+        src = module_name(path)
+        for target, names, _ in imports_of(path, module_level=True):
+            if package_of(target) is None:
+                continue
+            hits = {f"{target}.{n}" for n in names if f"{target}.{n}" in known}
+            if not hits or len(hits) < len(names):
+                hits.add(target)
+            graph.setdefault(src, set()).update(h for h in hits if h in known and h != src)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_cycle_finder_finds_a_two_module_cycle():
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": {"c"}}) == []
+
+
+def test_no_import_cycles_between_modules():
+    found = cycles(module_graph())
+    assert found == [], "modules on a module-level import cycle:\n" + "\n".join(map(str, found))
+
+
+def test_module_level_reader_skips_functions_and_type_checking(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\nfrom typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import sift.lm\n"
+                 "try:\n    import sift.corpus\nexcept ImportError:\n    pass\n\ndef g():\n    import sift.cli\n")
+    assert [t for t, _, _ in imports_of(f, "sift.x", module_level=True)] == ["os", "typing", "sift.corpus"]

@@ -15,8 +15,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from sift.config import register_resolvers
 from sift.errors import SiftError
-from sift.resources import config_dir, register_resolvers
+from sift.resources import config_dir
 
 register_resolvers()
 

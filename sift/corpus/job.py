@@ -26,7 +26,7 @@ def run_corpus(cfg: DictConfig, progress: bool = True) -> dict[str, Any]:
     (:mod:`sift.corpus.audit`)."""
     from sift.corpus.audit import warning_line
     from sift.corpus.store import engine_config
-    from sift.engine import validate_executor
+    from sift.execution import validate_executor
 
     engine = engine_config(cfg.executor, cfg.workers)
     validate_executor(engine)

@@ -1,5 +1,5 @@
 """Corpus files on disk: JSON Lines written atomically, resumable chunks (computed as jobs on the execution
-engine, :mod:`sift.engine`), the final three files."""
+engine, :mod:`sift.execution`), the final three files."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from sift.atomic import atomic_open, write_json
-from sift.engine import JobLabels
 from sift.errors import SiftError
+from sift.execution import JobLabels
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
@@ -61,7 +61,7 @@ class ChunkSpec:
 def chunk_job(cfg_yaml: str | None, out: str, spec: ChunkSpec, gpus: list[str] | None,
               cfg: DictConfig | None = None) -> int:
     """Build one chunk in a local worker, a SLURM task or this process; returns its record count."""
-    from sift.engine import select_gpu
+    from sift.execution import select_gpu
 
     select_gpu(gpus)
     if spec.threads is not None:
@@ -94,7 +94,7 @@ def run_chunks(chunks: Sequence, parts_dir: Path, chash: str, build: ChunkBuild,
     is read back from its part file in chunk order, so the corpus does not depend on the engine or ``workers``.
     ``part_names``: each chunk's part file stem (default ``chunk-<index>``), then ``-<chash>.jsonl``.
     """
-    from sift.engine import run_jobs
+    from sift.execution import run_jobs
 
     engine = engine if engine is not None else engine_config()
     parts_dir.mkdir(parents=True, exist_ok=True)

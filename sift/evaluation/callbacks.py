@@ -3,7 +3,7 @@
 :class:`MetaEvalCallback` runs the detector (eval mode, no grad) on the DataModule's verified pairs of the
 evaluated split (``pair_dataloader(split)``) and on the split's traces (``val_dataloader()`` /
 ``test_dataloader()``, for the SGR calibration), accumulates them in a
-:class:`~sift.evaluation.metrics.MetaFaithfulness` metric and logs
+:class:`~sift.evaluation.training_metrics.MetaFaithfulness` metric and logs
 
 ``<stage>/ivr/<axis>``, ``<stage>/ivr``, ``<stage>/as``, ``<stage>/mfs`` (full coverage, κ = 1),
 ``<stage>/coverage`` (= ``<stage>/sgr_coverage``, the SGR-certified coverage κ), ``<stage>/sgr_threshold``,
@@ -28,7 +28,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
-from sift.evaluation.metrics import MetaFaithfulness
+from sift.evaluation.training_metrics import MetaFaithfulness
 
 
 def _split_loader(dm: Any, split: str):

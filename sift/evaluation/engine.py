@@ -353,7 +353,7 @@ class ReportContext:
     def primary(self) -> dict[str, list[Predictions]]:
         """The detector rows of Tables 1, 3 and 8: test runs without ablations/factorial cells (all test runs if
         every one is a variant), shortcut controls last."""
-        from sift.evaluation.controls import order_rows
+        from sift.evaluation.control_rows import order_rows
 
         test = self.test
         return order_rows({k: v for k, v in test.items() if not any(is_variant(p) for p in v)} or test)

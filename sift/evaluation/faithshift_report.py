@@ -315,7 +315,7 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     meta = {"config_hash": config_hash(_settings(cfg)), "preset": cfg.preset_name,
             "seeds": list(cfg.seeds), "runs": [s.key for s in specs], "training": runs_training(out, specs)}
     from sift.detectors.registry import detector_entries, reference_detector
-    from sift.evaluation.controls import slice_ids_from_corpus
+    from sift.evaluation.control_rows import slice_ids_from_corpus
 
     options = ReportOptions.of(sgr=cfg.sgr,
                                reference=reference_detector(detector_entries(cfg.detectors)),

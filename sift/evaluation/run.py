@@ -315,7 +315,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
 
 def _slice_ids(cfg: Any) -> set[str] | None:
     """The matched-text slice of the corpus the config names (None without a corpus)."""
-    from sift.evaluation.controls import slice_ids_from_corpus
+    from sift.evaluation.control_rows import slice_ids_from_corpus
 
     corpus = cfg.get("corpus_dir") or (cfg.data.get("corpus_dir") if "data" in cfg and cfg.data else None)
     return slice_ids_from_corpus(corpus) if corpus and (Path(corpus) / "traces.jsonl").is_file() else None

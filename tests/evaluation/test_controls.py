@@ -22,7 +22,7 @@ from sift.corpus.audit import (
     warning_line,
 )
 from sift.errors import SiftError
-from sift.evaluation.controls import NOT_ABOVE, control_margins, with_group_rows
+from sift.evaluation.control_rows import NOT_ABOVE, control_margins, with_group_rows
 from sift.evaluation.predictions import Pairs, Predictions
 
 
@@ -245,7 +245,7 @@ def test_report_has_controls_group_margin_column_and_slice_table(tmp_path):
 def test_margin_ci_keeps_the_number_of_test_items_in_every_replicate(monkeypatch):
     """Table 1's margin draws the table's split-stratified items: a table with 20 test items and 12 other
     held-out-transfer items resamples 20 test items in every replicate (issue 27)."""
-    from sift.evaluation import controls
+    from sift.evaluation import control_rows as controls
     from sift.evaluation.sections.main_table import main_table
 
     label = [1, 0] * 20

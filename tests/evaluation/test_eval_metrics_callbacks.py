@@ -10,7 +10,7 @@ import torch
 
 from datamodules.batch import PairIndex, TraceExample, collate
 from sift.evaluation.callbacks import MetaEvalCallback
-from sift.evaluation.metrics import (
+from sift.evaluation.training_metrics import (
     AlterationSensitivity,
     InvarianceViolationRate,
     MetaFaithfulness,

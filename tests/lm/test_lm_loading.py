@@ -186,8 +186,8 @@ def test_corpus_fails_before_any_chunk_job(tmp_path, tiny_dirs, monkeypatch):
 def test_a_permanent_failure_is_not_retried(tmp_path, capsys, workers):
     from omegaconf import OmegaConf
 
-    from sift.engine import run_jobs
     from sift.errors import PermanentError
+    from sift.execution import run_jobs
 
     cfg = OmegaConf.create({"workers": workers, "train_overrides": [], "executor": {"kind": "local", "retries": 3}})
     with pytest.raises(PermanentError, match="cannot load"):

@@ -22,7 +22,8 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]
 import ev_toy as toy  # noqa: E402
 
 from sift.companion import _stats, system1  # noqa: E402
-from sift.evaluation import analysis, appendix_common, appendix_detectors, metrics  # noqa: E402, F401
+from sift.evaluation import analysis, appendix_common, appendix_detectors  # noqa: E402, F401
+from sift.evaluation import training_metrics as metrics  # noqa: E402
 from sift.evaluation.engine import PredictionTable  # noqa: E402
 from sift.evaluation.sections.main_table import main_table  # noqa: E402
 from sift.evaluation.sections.selective_risk import selective_risk_section  # noqa: E402

@@ -18,9 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
 import ev_toy as toy  # noqa: E402
 
 from sift.evaluation.appendix_detectors import abstention_characterisation, label_noise_sensitivity  # noqa: E402
-from sift.evaluation.metrics import MetaFaithfulness  # noqa: E402
 from sift.evaluation.sections.main_table import main_table  # noqa: E402
 from sift.evaluation.sections.selective_risk import selective_risk_section  # noqa: E402
+from sift.evaluation.training_metrics import MetaFaithfulness  # noqa: E402
 from sift.metrics import risk_at_coverage, select_top, sgr  # noqa: E402
 from sift.metrics.appendix_helpers import expected_cost_curve  # noqa: E402
 from sift.metrics.operating import (  # noqa: E402

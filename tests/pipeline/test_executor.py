@@ -13,8 +13,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from sift.config import compose
-from sift.engine import gpus_per_job, run_jobs, validate_executor
 from sift.errors import SiftError
+from sift.execution import gpus_per_job, run_jobs, validate_executor
 from sift.faithshift import RunSpec
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])  # SLURM tasks unpickle this module's job functions

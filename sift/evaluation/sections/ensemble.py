@@ -19,7 +19,7 @@ from sift.evaluation.analysis import (
     preserving_axes,
     seed_mean,
 )
-from sift.evaluation.controls import with_group_rows
+from sift.evaluation.control_rows import with_group_rows
 from sift.evaluation.engine import ReportContext, runs_table
 from sift.evaluation.predictions import Pairs, Predictions, average
 from sift.evaluation.sections.common import (

@@ -26,7 +26,14 @@ from sift.evaluation.analysis import (
     seed_mean,
     split_strata,
 )
-from sift.evaluation.controls import NOT_ABOVE, control_margins, is_control, margin_cell, order_rows, with_group_rows
+from sift.evaluation.control_rows import (
+    NOT_ABOVE,
+    control_margins,
+    is_control,
+    margin_cell,
+    order_rows,
+    with_group_rows,
+)
 from sift.evaluation.engine import PredictionTable, ReportContext, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
@@ -73,7 +80,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     cluster-bootstrap CI on the overlap; it needs ≥ 2 seeds.
     """
     check_same_split(runs)
-    rows = order_rows(group_runs(runs))  # detectors, then the shortcut controls (sift.evaluation.controls)
+    rows = order_rows(group_runs(runs))  # detectors, then the shortcut controls (sift.evaluation.control_rows)
     if not rows:
         raise SiftError("main_table: no runs")
     transfer = {k: group_runs({n: as_list(v) for n, v in d.items()}) for k, d in (transfer or {}).items()}

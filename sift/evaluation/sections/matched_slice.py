@@ -1,9 +1,9 @@
 """Detectors vs the shortcut controls on the matched-text slice
-(:func:`sift.evaluation.controls.matched_slice_section`), when the report is given the slice's trace ids."""
+(:func:`sift.evaluation.control_rows.matched_slice_section`), when the report is given the slice's trace ids."""
 
 from __future__ import annotations
 
-from sift.evaluation.controls import matched_slice_section
+from sift.evaluation.control_rows import matched_slice_section
 from sift.evaluation.engine import ReportContext
 from sift.evaluation.sections.registry import ReportSection, register_section
 from sift.report import Section
