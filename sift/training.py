@@ -393,6 +393,19 @@ def _wandb_info(loggers: list[Any]) -> dict[str, Any] | None:
     return None
 
 
+def resume_finished_epochs_as_finished(trainer: pl.Trainer) -> None:
+    """Resume a step-capped run from an epoch's ``last.ckpt`` as Lightning resumes an uncapped one.
+
+    With ``trainer.max_steps`` set, Lightning 2.x (``_FitLoop.restarting``, ``_FitLoop.on_run_start``) treats
+    every resume as "iteration-based": it marks the fit loop as restarting even when the checkpoint's epoch had
+    finished and skips counting that epoch as completed, so the resumed run replays the finished epoch's end and
+    trains one epoch fewer than the uninterrupted run (the crash matrix's "mid SIFT run" point: global step 59
+    against 60). sift writes checkpoints only at validation / epoch ends, so the epoch-based bookkeeping is
+    the right one; ``max_steps`` still stops training (``_TrainingEpochLoop._is_training_done``,
+    ``_FitLoop.done`` read it directly). Pinned by ``tests/detectors/test_step_cap_resume.py``."""
+    trainer.fit_loop._iteration_based_training = lambda: False  # type: ignore[method-assign]
+
+
 def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, Any], Any, Any]:
     from sift.checkpoints import is_remote, load_checkpoint
     from sift.detectors.module import DataSpec, n_parameters
@@ -412,6 +425,7 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
     loggers = build_loggers(cfg)
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False,
                                       default_root_dir=str(out_dir))
+    resume_finished_epochs_as_finished(trainer)
     git = git_state() if cfg.get("provenance", {}).get("git", True) else None
     _log_run_info(loggers, cfg, {"seed": int(cfg.seed), "git": git, "config_hash": hparams_hash(cfg),
                                  "n_parameters": n_parameters(model), "kind": kind})
