@@ -26,6 +26,8 @@ class SGRConfig:
     bound: str = MISSING
     candidates: list[float] | None = None
     max_traces: int | None = None
+    alphas: list[float] = MISSING
+    match_coverage: float = MISSING
 
 
 @dataclass
@@ -154,9 +156,7 @@ class EvaluateConfig:
     transfer: bool = MISSING
     transfer_name: str | None = None
     device: str = MISSING
-    alphas: list[float] = MISSING
     coverages: list[float] = MISSING
-    match_coverage: float = MISSING
     reference: str | None = None
     families: Any = None  # {train_on name: family}
     title: str = MISSING

@@ -55,7 +55,8 @@ def test_a_typo_in_a_users_preset_file_fails_at_composition(tmp_path, monkeypatc
 
 def test_each_job_reads_one_sgr_and_one_bootstrap_node():
     fs = compose("faithshift", ["seed=3"])
-    assert dict(fs.sgr) == {"alpha": 0.25, "delta": 0.05, "bound": "betting", "candidates": None, "max_traces": None}
+    assert dict(fs.sgr) == {"alpha": 0.25, "delta": 0.05, "bound": "betting", "candidates": None, "max_traces": None,
+                            "alphas": [0.25, 0.3], "match_coverage": 0.7}
     assert (fs.bootstrap.resamples, fs.bootstrap.appendix_resamples, fs.bootstrap.seed) == (1000, 200, 3)
     quick = compose("faithshift", ["preset=quick"])
     assert (quick.bootstrap.resamples, quick.bootstrap.appendix_resamples) == (200, 100)
@@ -87,7 +88,7 @@ def test_sgr_and_bootstrap_values_are_set_only_in_their_nodes():
         for key, value in _keys(yaml.safe_load(f.read_text()) or {}):
             leaf = key.rsplit(".", 1)[-1]
             assert leaf not in flat or key.startswith("bootstrap."), f"{rel}: {key}"
-            if leaf in ("alpha", "delta", "bound") and not key.startswith("sgr."):
+            if leaf in ("alpha", "delta", "bound", "alphas", "match_coverage") and not key.startswith("sgr."):
                 assert value == f"${{sgr.{leaf}}}", f"{rel}: {key} = {value!r}"
 
 

@@ -75,7 +75,7 @@ def factorial_decomposition(
     *,
     design: Mapping[str, tuple[str, str]] | None = None,
     ensembles: Mapping[str, Predictions] | None = None,
-    coverage: float | None = 0.70,
+    coverage: float | None = DEFAULT_SGR.match_coverage,
     n_resamples: int = 1000,
     seed: int = 0,
     table: PredictionTable | None = None,
@@ -91,9 +91,9 @@ def factorial_decomposition(
     ``ensembles[name]`` if given (threshold frozen by whoever built it), else the probability average of
     the run's seeds at the mean of their thresholds (:func:`sift.evaluation.predictions.average`).
 
-    MFS is taken at matched coverage κ (default 0.70: ρ ≥ the ⌈κn⌉-th largest ρ of each detector and seed is
-    certified, ties included, a pair counts when both its traces are; :mod:`sift.metrics.operating`;
-    ``coverage=None``: full coverage). Effects use
+    MFS is taken at matched coverage κ (default: the packaged ``sgr.match_coverage``; ρ ≥ the ⌈κn⌉-th largest ρ
+    of each detector and seed is certified, ties included, a pair counts when both its traces are;
+    :mod:`sift.metrics.operating`; ``coverage=None``: full coverage). Effects use
     ±1 contrast coding: main effect = mean(high cells) − mean(low cells), interactions likewise, and each
     effect's share of the between-cell variance is SS_e/SS_total with SS_e = 2·effect² (one value per
     cell). "Share of gain" = main effect / sum of the three main effects (the paper's 50 / 37.5 / 12.5 %
@@ -249,7 +249,7 @@ def stability_sensitivity(
     pairs: Pairs,
     out_dir: str | Path | None = None,
     *,
-    coverages: Sequence[float | None] = (None, 0.70),
+    coverages: Sequence[float | None] = (None, DEFAULT_SGR.match_coverage),
     n_resamples: int = 1000,
     seed: int = 0,
     table: PredictionTable | None = None,

@@ -52,12 +52,12 @@ class MetaEvalCallback(pl.Callback):
     """
 
     def __init__(self, every_n_epochs: int = 1, on_validation: bool = True, on_test: bool = True,
-                 alpha: float = 0.25, delta: float = 0.05, bound: str = "betting",
+                 alpha: float | None = None, delta: float | None = None, bound: str | None = None,
                  candidates: Sequence[float] | None = None, max_pairs: int | None = None,
                  batch_size: int | None = None, axes: Sequence[str] | None = None) -> None:
         super().__init__()
         self.every_n_epochs, self.on_validation, self.on_test = int(every_n_epochs), on_validation, on_test
-        self.alpha, self.delta, self.bound = alpha, delta, bound
+        self.alpha, self.delta, self.bound = alpha, delta, bound  # None: the packaged default (MetaFaithfulness)
         self.candidates = list(candidates) if candidates is not None else None
         self.max_pairs, self.batch_size = max_pairs, batch_size
         self.axes = list(axes) if axes is not None else None

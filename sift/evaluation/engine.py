@@ -47,9 +47,7 @@ class ReportOptions:
     calib_split: str | None = CALIB_SPLIT
     select_split: str | None = "val"
     selective: SelectiveConfig = field(default_factory=SelectiveConfig)
-    alphas: tuple[float, ...] = (0.25, 0.30)
     coverages: tuple[float, ...] = DEFAULT_COVERAGES
-    match_coverage: float = 0.70
     reference: str | None = None
     families: Mapping[str, str] | None = None
     n_resamples: int = 1000
@@ -69,7 +67,7 @@ class ReportOptions:
         if bootstrap is not None:
             values.setdefault("n_resamples", int(_get(bootstrap, "resamples", "n_resamples", default=1000)))
             values.setdefault("seed", int(_get(bootstrap, "seed", default=0)))
-        for k in ("alphas", "coverages"):
+        for k in ("coverages",):
             if k in values:
                 values[k] = tuple(float(x) for x in values[k])
         if "section_modules" in values:

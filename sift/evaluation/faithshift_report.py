@@ -270,8 +270,10 @@ def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = No
     common = {"n_resamples": int(cfg.bootstrap.appendix_resamples), "seed": int(cfg.bootstrap.seed)}
     from sift.metrics.selective import SelectiveConfig
 
-    sgr = {"selective": SelectiveConfig.of(cfg.sgr)}  # the report's one SGR setting (bound and candidates too)
-    options = {"label_noise": sgr, "abstention": sgr}
+    sel = SelectiveConfig.of(cfg.sgr)  # the report's one SGR setting (bound, candidates and κ too)
+    options = {"label_noise": {"selective": sel}, "abstention": {"selective": sel},
+               "factorial": {"coverage": sel.match_coverage},
+               "stability_sensitivity": {"coverages": (None, sel.match_coverage)}}
     names = [a.name for a in APPENDIX_ANALYSES]
     caches = {n: _section_cache(cache_dir, n, key) for n in names}
     if int(cfg.workers) <= 1:

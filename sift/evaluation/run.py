@@ -300,8 +300,7 @@ def evaluate(cfg: Any) -> dict[str, Any]:
         sgr=cfg.sgr, bootstrap=cfg.bootstrap, split=split,
         calib_split=None if calib_split is None else str(calib_split),
         select_split=None if select_split is None else str(select_split),
-        alphas=cfg.get("alphas") or (0.25, 0.30), coverages=cfg.get("coverages") or DEFAULT_COVERAGES,
-        match_coverage=float(cfg.get("match_coverage") or 0.70), reference=cfg.get("reference"),
+        coverages=cfg.get("coverages") or DEFAULT_COVERAGES, reference=cfg.get("reference"),
         families=dict(cfg.families) if cfg.get("families") else None, title=str(cfg.get("title") or "sift evaluation"),
         slice_ids=_slice_ids(cfg))
     sections = report_from_predictions(

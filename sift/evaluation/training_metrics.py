@@ -30,6 +30,7 @@ from torchmetrics.utilities import dim_zero_cat
 from sift.errors import SiftError
 from sift.metrics.invariance import as_compute, as_update, ivr_compute, ivr_update
 from sift.metrics.operating import OperatingMetrics, OperatingPoint, PairArrays, operating_metrics
+from sift.metrics.selective import DEFAULT_SGR
 
 NAN = float("nan")
 
@@ -141,10 +142,13 @@ class SelectiveGuaranteedRisk(Metric):
 
     full_state_update = False
 
-    def __init__(self, alpha: float = 0.25, delta: float = 0.05, bound: str = "betting",
+    def __init__(self, alpha: float | None = None, delta: float | None = None, bound: str | None = None,
                  candidates: Sequence[float] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.alpha, self.delta, self.bound = float(alpha), float(delta), str(bound)
+        sel = DEFAULT_SGR  # None: the packaged default (configs/sgr/default.yaml)
+        self.alpha = float(sel.alpha if alpha is None else alpha)
+        self.delta = float(sel.delta if delta is None else delta)
+        self.bound = str(sel.bound if bound is None else bound)
         self.candidates = None if candidates is None else [float(c) for c in candidates]
         self.add_state("rho", [], dist_reduce_fx="cat")
         self.add_state("correct", [], dist_reduce_fx="cat")
@@ -191,13 +195,16 @@ class MetaFaithfulness(Metric):
     higher_is_better = True
     KINDS = ("preserving", "altering")
 
-    def __init__(self, axes: Sequence[str], alpha: float = 0.25, delta: float = 0.05,
-                 bound: str = "betting", candidates: Sequence[float] | None = None, **kwargs: Any) -> None:
+    def __init__(self, axes: Sequence[str], alpha: float | None = None, delta: float | None = None,
+                 bound: str | None = None, candidates: Sequence[float] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.axes = [str(a) for a in axes]
         if len(set(self.axes)) != len(self.axes) or "mean" in self.axes:
             raise SiftError(f"axes must be distinct and not 'mean', got {self.axes}")
-        self.alpha, self.delta, self.bound = float(alpha), float(delta), str(bound)
+        sel = DEFAULT_SGR  # None: the packaged default (configs/sgr/default.yaml)
+        self.alpha = float(sel.alpha if alpha is None else alpha)
+        self.delta = float(sel.delta if delta is None else delta)
+        self.bound = str(sel.bound if bound is None else bound)
         self.candidates = None if candidates is None else [float(c) for c in candidates]
         for name in ("axis", "kind", "v_src", "v_dst", "y_src", "y_dst"):
             self.add_state(name, [], dist_reduce_fx="cat")

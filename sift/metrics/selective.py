@@ -242,24 +242,46 @@ def sgr(
     )
 
 
+def _packaged_defaults() -> dict:
+    """``configs/sgr/default.yaml``: the one place the SGR and matched-coverage defaults are written."""
+    import yaml
+
+    from sift.resources import config_dir
+
+    path = config_dir() / "sgr" / "default.yaml"
+    values = yaml.safe_load(path.read_text())
+    missing = sorted({"alpha", "delta", "bound", "alphas", "match_coverage"} - set(values or {}))
+    if missing:
+        raise SiftError(f"{path}: missing key(s) {missing}")
+    return values
+
+
+#: the packaged SGR defaults (α, δ, bound, Table 3's α list, matched coverage κ), read from configs/sgr/default.yaml
+SGR_DEFAULTS = _packaged_defaults()
+
+
 @dataclass(frozen=True)
 class SelectiveConfig:
     """The report's SGR settings (``configs/sgr``, docs/design.md §7): target risk α, failure probability δ, bound
     (``betting``: over base items, the default; ``clopper-pearson`` / ``normal``: the paper's trace-level bounds),
-    candidate grid (None: :data:`DEFAULT_CANDIDATES`) and the most traces one base item may hold (None: the
-    calibration sample's largest item). Every certificate of the report, its appendix and its callbacks is
-    computed by :meth:`run` or :meth:`threshold` with these settings."""
+    candidate grid (None: :data:`DEFAULT_CANDIDATES`), the most traces one base item may hold (None: the
+    calibration sample's largest item), the α's the selective-risk table certifies at and the matched-coverage
+    operating point κ. Defaults: :data:`SGR_DEFAULTS`. Every certificate of the report, its appendix and its
+    callbacks is computed by :meth:`run` or :meth:`threshold` with these settings."""
 
-    alpha: float = 0.25
-    delta: float = 0.05
-    bound: str = "betting"
+    alpha: float = float(SGR_DEFAULTS["alpha"])
+    delta: float = float(SGR_DEFAULTS["delta"])
+    bound: str = str(SGR_DEFAULTS["bound"])
     candidates: tuple[float, ...] | None = None
     max_traces: int | None = None
+    alphas: tuple[float, ...] = tuple(float(a) for a in SGR_DEFAULTS["alphas"])
+    match_coverage: float = float(SGR_DEFAULTS["match_coverage"])
 
     @classmethod
     def of(cls, node: object) -> SelectiveConfig:
         """From an SGR node (``configs/sgr``: a dict, DictConfig or object with ``alpha``, ``delta``, ``bound``,
-        ``candidates``, ``max_traces``; a missing key keeps the default); a SelectiveConfig is returned as is."""
+        ``candidates``, ``max_traces``, ``alphas``, ``match_coverage``; a missing key keeps the default); a
+        SelectiveConfig is returned as is."""
         if isinstance(node, SelectiveConfig):
             return node
 
@@ -269,12 +291,15 @@ class SelectiveConfig:
             return getattr(node, key, None)
 
         base = cls()
-        alpha, delta, bound, cands, most = (get(k) for k in ("alpha", "delta", "bound", "candidates", "max_traces"))
+        alpha, delta, bound, cands, most, alphas, kappa = (get(k) for k in (
+            "alpha", "delta", "bound", "candidates", "max_traces", "alphas", "match_coverage"))
         return cls(base.alpha if alpha is None else float(alpha),  # type: ignore[arg-type]
                    base.delta if delta is None else float(delta),  # type: ignore[arg-type]
                    base.bound if bound is None else check_bound(str(bound)),
                    tuple(float(c) for c in cands) if cands else None,  # type: ignore[union-attr]
-                   None if most is None else int(most))  # type: ignore[call-overload]
+                   None if most is None else int(most),  # type: ignore[call-overload]
+                   base.alphas if alphas is None else tuple(float(a) for a in alphas),  # type: ignore[union-attr]
+                   base.match_coverage if kappa is None else float(kappa))  # type: ignore[arg-type]
 
     def run(self, rho: ArrayLike, correct: ArrayLike, items: ArrayLike | None, alpha: float | None = None
             ) -> SGRResult:
@@ -343,13 +368,15 @@ def risk_at_coverage(confidence: ArrayLike, correct: ArrayLike, coverage: float)
 
 def risk_upper_bound(correct: ArrayLike, delta: float, bound: Literal["betting", "clopper-pearson", "normal"] =
                      "betting", groups: ArrayLike | None = None, max_traces: int | None = None,
-                     tune_at: float = 0.25) -> float:
+                     tune_at: float | None = None) -> float:
     """One-sided (1 − δ) upper confidence bound on the per-trace error rate of the traces ``correct`` (1 = right)
     with the kernel SGR uses (:func:`candidate_bounds`): over base items (``groups``) for ``"betting"``, whose
-    bets are tuned to test the rate ``tune_at``; over traces for the trace-level bounds. NaN with a warning
+    bets are tuned to test the rate ``tune_at`` (default: the packaged α); over traces for the trace-level bounds.
+    NaN with a warning
     when no trace is given."""
     ok = as_binary("correct", correct)
     check_unit("delta", delta, open_interval=True)
+    tune_at = float(SGR_DEFAULTS["alpha"]) if tune_at is None else tune_at
     check_unit("tune_at", tune_at, open_interval=True)
     check_bound(bound)
     if ok.size == 0:

@@ -70,7 +70,7 @@ def test_sift_evaluate_end_to_end(two_seeds, tmp_path):
     assert sorted(s.seed for s in specs) == [0, 1] and {s.name for s in specs} == {"instance_level"}
     out = tmp_path / "eval"
     cfg = compose_eval(f"paths.output_dir={out}", f"detectors=[{root / 'seed0'},{root / 'seed1'}]",
-                       "bootstrap.resamples=30", "sgr.alpha=0.4", "alphas=[0.4]")
+                       "bootstrap.resamples=30", "sgr.alpha=0.4", "sgr.alphas=[0.4]")
     rec = evaluate(cfg)
     assert rec["sections"] == ["main_table", "ensemble_comparison", "selective_risk"]
     res = json.loads((out / "results.json").read_text())
@@ -92,7 +92,7 @@ def test_sift_evaluate_end_to_end(two_seeds, tmp_path):
     # the same report from the saved predictions alone (no models, no DataModule)
     out2 = tmp_path / "eval2"
     evaluate(compose_eval(f"paths.output_dir={out2}", f"predictions=[{out / 'predictions'}]", "bootstrap.resamples=30",
-                          "sgr.alpha=0.4", "alphas=[0.4]"))
+                          "sgr.alpha=0.4", "sgr.alphas=[0.4]"))
     res2 = json.loads((out2 / "results.json").read_text())
     assert res2["main_table"] == res["main_table"]
     assert len(load_pairs(out / "predictions" / "pairs.npz")) > 0

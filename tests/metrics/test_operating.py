@@ -162,3 +162,21 @@ def test_the_job_hands_its_sgr_node_to_the_appendix(monkeypatch):
     faithshift_report.appendix_sections(cfg, {})
     want = SelectiveConfig(0.2, 0.1, "normal", (0.6, 0.9), 7)
     assert seen["label_noise"]["selective"] == want and seen["abstention"]["selective"] == want
+
+
+def test_sgr_and_kappa_defaults_come_from_the_packaged_sgr_config():
+    import yaml
+
+    from sift.evaluation.callbacks import MetaEvalCallback
+    from sift.resources import config_dir
+
+    node = yaml.safe_load((config_dir() / "sgr" / "default.yaml").read_text())
+    cfg = SelectiveConfig()
+    assert (cfg.alpha, cfg.delta, cfg.bound, cfg.match_coverage) == (node["alpha"], node["delta"], node["bound"],
+                                                                     node["match_coverage"])
+    assert list(cfg.alphas) == node["alphas"]
+    m = MetaFaithfulness(["paraphrase"])
+    assert (m.alpha, m.delta, m.bound) == (cfg.alpha, cfg.delta, cfg.bound)
+    assert MetaEvalCallback().alpha is None   # resolved by MetaFaithfulness to the same default
+    assert SelectiveConfig.of({"match_coverage": 0.5, "alphas": [0.1]}) == SelectiveConfig(alphas=(0.1,),
+                                                                                           match_coverage=0.5)

@@ -51,8 +51,6 @@ def prepare_runs(table: PredictionTable, rows: dict[str, list[Predictions]], axe
     return out
 
 
-#: SGR parameters of a table when none are given (α = 0.25, δ = 0.05, the bound over base items)
-
 
 def nz(x: Any) -> float:
     """None → NaN (for formatting numbers stored JSON-style)."""
