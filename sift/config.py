@@ -1,8 +1,10 @@
 """sift's config tree: the schemas of the main configs (Hydra structured configs; a misspelt or mistyped key fails
 at composition) and :func:`compose`, which composes any of sift's configs from library code.
 
-``faithshift.yaml``, ``train.yaml`` and ``evaluate.yaml`` list their schema first in ``defaults``
-(``faithshift_schema`` …); the values stay in the YAML files (every field here is ``???`` unless optional).
+``faithshift.yaml``, ``train.yaml``, ``evaluate.yaml`` and ``extract.yaml`` list their schema first in ``defaults``
+(``faithshift_schema`` …), and ``companion/all.yaml`` (which every companion option builds on) lists
+``companion_schema``; the values stay in the YAML files (every field here is ``???`` unless optional; the
+``extraction`` node's defaults are also the code's, :class:`ExtractionSettings`).
 Nodes that a config group fills with arbitrary keys (``detector``, ``data``, ``trainer`` …) are ``Any``: their
 keys are checked by Hydra's struct mode (an override of an unknown key fails) and by the object they build.
 """
@@ -164,7 +166,139 @@ class EvaluateConfig:
     companion: Any = None
 
 
-SCHEMAS = {"faithshift_schema": FaithShiftConfig, "train_schema": TrainConfig, "evaluate_schema": EvaluateConfig}
+@dataclass
+class ExtractionSettings:
+    """``sift-extract``'s ``extraction`` node; :class:`sift.trajectories.extract.ExtractConfig` adds its checks and
+    cache key. Every field enters the cache key except ``batch_size`` and ``shard_size``."""
+
+    t_max: int = 64  # at most this many (binned) steps per trace
+    attention_layer: int = -1  # layer (1..L, or negative from the end) whose attention gives attention stability
+    padding_side: str = "left"
+    batch_size: int = 64  # traces per forward pass
+    shard_size: int = 512  # traces per cache shard
+    state_dtype: str = "float16"  # dtype of the stored (binned) final-layer states used by the answer probe
+    interventions: list[str] = field(default_factory=lambda: ["cot_deleted", "first_step_edit", "step_dropped"])
+    value_pattern: str = r"-?\d+|true|false|True|False"  # a token whose stripped text matches is a "value"
+    step_pattern: str = r";|\."  # a token whose stripped text matches (or that holds a newline) ends a step
+
+
+@dataclass
+class ExtractTrainerConfig:
+    """The Lightning Trainer of the extraction's predict loop."""
+
+    accelerator: str = MISSING
+    devices: Any = MISSING  # an int, a list of ids or "auto"
+    strategy: str = MISSING
+    num_nodes: int = MISSING
+
+
+@dataclass
+class ExtractConfig:
+    """``sift-extract`` (``configs/extract.yaml``)."""
+
+    corpus_dir: str = MISSING
+    output_dir: str = MISSING
+    model_field: str = MISSING
+    models: dict[str, str] = MISSING  # record[model_field] -> model folder, .gguf file or cached hub name
+    families: list[str] | None = None
+    dtype: str | None = None
+    overwrite: bool = MISSING
+    progress: bool = MISSING
+    extraction: ExtractionSettings = field(default_factory=ExtractionSettings)
+    trainer: ExtractTrainerConfig = field(default_factory=ExtractTrainerConfig)
+
+
+# -------------------------------------------------------------------------------- companion (configs/companion)
+@dataclass
+class CompanionData:
+    corpus_dir: str | None = None
+    checkpoint_dir: str | None = None
+    families: Any = MISSING  # "auto" or a list of families
+
+
+@dataclass
+class System1Config:
+    enabled: bool = MISSING
+    n_items: int | None = None
+    n_traces: int | None = None
+    conditions: list[str] = MISSING
+    n_bins: int = MISSING
+    resamples: int = MISSING
+
+
+@dataclass
+class IceConfig:
+    enabled: bool = MISSING
+    n_traces: int = MISSING
+    conditions: list[str] = MISSING
+    explainers: list[str] = MISSING
+    operators: list[str] = MISSING
+    k: float = MISSING
+    n_null: int = MISSING
+    span: str = MISSING
+    blacklist_values: bool = MISSING
+    resamples: int = MISSING
+    alpha: float = MISSING
+    step_level: bool = MISSING
+
+
+@dataclass
+class EdctConfig:
+    enabled: bool = MISSING
+    n_traces: int = MISSING
+    conditions: list[str] = MISSING
+    k: int = MISSING
+    tau_in: float = MISSING
+    tau_out: float = MISSING
+    graded_scheme: str = MISSING
+    resamples: int = MISSING
+
+
+@dataclass
+class JudgesConfig:
+    enabled: bool = MISSING
+    model: str = MISSING
+    tokenizer: str | None = None
+    tiny_config: Any = None
+    dtype: str | None = None
+    n_items: int = MISSING
+    probes: list[str] = MISSING
+    protocol: str = MISSING
+    verdict_mode: str = MISSING
+    max_explanation_tokens: int = MISSING
+    chat_template: bool = MISSING
+    favored_label: str = MISSING
+    resamples: int = MISSING
+
+
+@dataclass
+class DetectorShapConfig:
+    enabled: bool = MISSING
+    run_dir: str | None = None
+    n_explain: int = MISSING
+    baseline: str = MISSING
+    groups: Any = None  # name -> [channels | feature:<name> | prefix/]
+
+
+@dataclass
+class CompanionConfig:
+    """The ``companion`` group (``configs/companion/all.yaml`` and the options built on it)."""
+
+    enabled: bool = MISSING
+    seed: int = MISSING
+    progress: bool = MISSING
+    data: CompanionData = field(default_factory=CompanionData)
+    system1: System1Config = field(default_factory=System1Config)
+    ice: IceConfig = field(default_factory=IceConfig)
+    edct: EdctConfig = field(default_factory=EdctConfig)
+    judges: JudgesConfig = field(default_factory=JudgesConfig)
+    detector_shap: DetectorShapConfig = field(default_factory=DetectorShapConfig)
+
+
+SCHEMAS = {"faithshift_schema": FaithShiftConfig, "train_schema": TrainConfig, "evaluate_schema": EvaluateConfig,
+           "extract_schema": ExtractConfig}
+#: schemas of config-group options: (group, name) -> node
+GROUP_SCHEMAS = {("companion", "companion_schema"): CompanionConfig}
 
 
 def register_schemas() -> None:
@@ -174,6 +308,8 @@ def register_schemas() -> None:
     cs = ConfigStore.instance()
     for name, node in SCHEMAS.items():
         cs.store(name=name, node=node)
+    for (group, name), node in GROUP_SCHEMAS.items():
+        cs.store(group=group, name=name, node=node)
 
 
 def register_resolvers() -> None:

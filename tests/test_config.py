@@ -53,6 +53,46 @@ def test_a_typo_in_a_users_preset_file_fails_at_composition(tmp_path, monkeypatc
     assert compose("faithshift", ["preset=mine"]).bootstrap.resamples == 3
 
 
+EXTRACT = ["corpus_dir=/tmp/c", "output_dir=/tmp/t"]
+
+
+@pytest.mark.parametrize("override, key", [("extraction.t_mx=8", "extraction.t_mx"), ("famlies=[gpt2]", "famlies"),
+                                           ("trainer.device=2", "trainer.device")])
+def test_extract_schema_refuses_a_misspelt_key(override, key):
+    assert key in _error("extract", [*EXTRACT, override])
+
+
+@pytest.mark.parametrize("override, key", [("extraction.t_max=long", "extraction.t_max"),
+                                           ("overwrite=perhaps", "overwrite")])
+def test_extract_schema_refuses_a_mistyped_value(override, key):
+    assert f"full_key: {key}" in _error("extract", [*EXTRACT, override])
+
+
+@pytest.mark.parametrize("option", ["all", "tiny", "real_lm", "ice", "edct", "judges", "system1", "detector_shap"])
+def test_every_companion_option_is_checked_by_the_companion_schema(option):
+    cfg = compose("evaluate", ["paths.output_dir=/tmp/e", f"companion={option}"])
+    assert set(cfg.companion) == {"enabled", "seed", "progress", "data", "system1", "ice", "edct", "judges",
+                                  "detector_shap"}
+    assert "companion.ice.n_trace" in _error("evaluate", ["paths.output_dir=/tmp/e", f"companion={option}",
+                                                          "companion.ice.n_trace=3"])
+    assert "full_key: companion.edct.k" in _error("evaluate", ["paths.output_dir=/tmp/e", f"companion={option}",
+                                                               "companion.edct.k=two"])
+
+
+def test_a_typo_in_a_users_companion_file_fails_at_composition(tmp_path, monkeypatch):
+    (tmp_path / "companion").mkdir()
+    (tmp_path / "companion" / "mine.yaml").write_text("defaults:\n  - all\n  - _self_\nice:\n  n_tracs: 3\n")
+    monkeypatch.setenv("SIFT_CONFIG_DIR", str(tmp_path))
+    assert "n_tracs" in _error("evaluate", ["paths.output_dir=/tmp/e", "companion=mine"])
+
+
+def test_extraction_defaults_are_the_codes():
+    from sift.trajectories.extract import ExtractConfig
+
+    node = compose("extract", EXTRACT).extraction
+    assert ExtractConfig(**node) == ExtractConfig()
+
+
 def test_each_job_reads_one_sgr_and_one_bootstrap_node():
     fs = compose("faithshift", ["seed=3"])
     assert dict(fs.sgr) == {"alpha": 0.25, "delta": 0.05, "bound": "betting", "candidates": None, "max_traces": None,

@@ -23,6 +23,10 @@ from sift.errors import SiftError
 
 #: the keys of a detector config's ``registry`` node
 REGISTRY_KEYS = ("reference", "cost", "ablations", "factorial")
+#: the run the main job derives from ``instance_ensemble``'s members (per seed, their probability average)
+INSTANCE_ENSEMBLE = "instance_ensemble"
+#: the factorial analysis's names of the two objectives, low level first
+OBJECTIVE_LEVELS = {"erm": "ERM", "irm_dann": "IRM+DANN"}
 
 
 @dataclass(frozen=True)
@@ -92,3 +96,31 @@ def reference_detector(entries: Mapping[str, DetectorEntry]) -> str | None:
     if len(refs) > 1:
         raise SiftError(f"several reference detectors ({', '.join(refs)}): registry.reference may be true for one")
     return refs[0] if refs else None
+
+
+def factorial_designs(entries: Mapping[str, DetectorEntry], reference: str | None = None
+                      ) -> list[dict[str, tuple[str, str]]]:
+    """The architecture × objective designs of the factorial analysis (paper App. F), from the registry.
+
+    Every detector whose entry declares ``factorial`` trains with its own objective (run ``<name>``) and with the
+    other one (its :meth:`DetectorEntry.factorial_cell`). The high architecture is the reference detector when it
+    is factorial, else the last factorial detector; each other factorial detector is crossed with it in a design of
+    four runs, run name → (architecture, objective), listed low level first (the other architecture before the
+    high one, ERM before IRM+DANN). Fewer than two factorial detectors: no design.
+    """
+    fac = [e for e in entries.values() if e.factorial]
+    if len(fac) < 2:
+        return []
+    high = entries[reference] if reference in entries and entries[reference].factorial else fac[-1]
+    designs = []
+    for low in fac:
+        if low.name == high.name:
+            continue
+        design: dict[str, tuple[str, str]] = {}
+        for e in (low, high):
+            cell, _ = e.factorial_cell()
+            flipped = "erm" if e.objective == "irm_dann" else "irm_dann"
+            runs = sorted({e.name: str(e.objective), cell: flipped}.items(), key=lambda kv: kv[1] != "erm")
+            design.update({name: (e.name, OBJECTIVE_LEVELS[obj]) for name, obj in runs})
+        designs.append(design)
+    return designs

@@ -29,7 +29,6 @@ from sift.evaluation.appendix_common import TraceTable, mechanism_class
 from sift.evaluation.appendix_corpus import cot_scramble_test, mechanism_preservation_audit
 from sift.evaluation.appendix_detectors import (
     COST_REGIMES,
-    DEFAULT_FACTORIAL_DESIGN,
     abstention_characterisation,
     factorial_decomposition,
     label_noise_sensitivity,
@@ -118,7 +117,6 @@ __all__ = [
     "ASSUMPTION_THRESHOLDS",
     "AppendixAnalysis",
     "COST_REGIMES",
-    "DEFAULT_FACTORIAL_DESIGN",
     "PAIR_FEATURES",
     "TraceTable",
     "abstention_characterisation",

@@ -41,14 +41,6 @@ from sift.report import Section, markdown_table
 
 # ============================================================================ factorial (paper App. F)
 
-#: run name → (architecture, objective): the four trained configurations of the paper's 2×2×2 design
-#: (the third factor, single seed vs seed ensemble, is formed from the seeds of each run).
-DEFAULT_FACTORIAL_DESIGN: dict[str, tuple[str, str]] = {
-    "instance_level": ("instance", "ERM"),
-    "instance_level_irm_dann": ("instance", "IRM+DANN"),
-    "sift_erm": ("sift", "ERM"),
-    "sift": ("sift", "IRM+DANN"),
-}
 _EFFECTS = ("architecture", "objective", "ensemble", "architecture×objective", "architecture×ensemble",
             "objective×ensemble", "architecture×objective×ensemble")
 
@@ -85,8 +77,9 @@ def factorial_decomposition(
     Factors as in the paper: architecture (instance-level MLP vs SIFT), training objective (ERM vs
     IRM+DANN) and ensembling (single seed vs probability average of the seeds). ``design`` maps four keys
     of ``runs`` to (architecture level, objective level); the first level met in ``design`` order is the
-    "low" level (default :data:`DEFAULT_FACTORIAL_DESIGN`: ``instance_level`` = instance/ERM,
-    ``instance_level_irm_dann``, ``sift_erm`` = SIFT with ``use_irm=false use_dann=false``, ``sift``).
+    "low" level. The main job builds it from the detector registry
+    (:func:`sift.detectors.registry.factorial_designs`: e.g. ``instance_level`` / ``instance_level_irm_dann`` /
+    ``sift_erm`` / ``sift``).
     A single-seed cell is the mean over seeds of the per-seed MFS; its ensemble cell is
     ``ensembles[name]`` if given (threshold frozen by whoever built it), else the probability average of
     the run's seeds at the mean of their thresholds (:func:`sift.evaluation.predictions.average`).
@@ -100,7 +93,10 @@ def factorial_decomposition(
     split of cell F − cell A). All numbers carry 95 % base-item cluster-bootstrap CIs from one joint set of
     replicates. Runs must cover the same traces (the analysis uses those all cover).
     """
-    design = dict(design or DEFAULT_FACTORIAL_DESIGN)
+    if not design:
+        raise SiftError("factorial: no design (it needs two detectors whose registry entries declare factorial, "
+                        "each trained with both objectives: factorial_seeds)")
+    design = dict(design)
     missing = [k for k in design if k not in runs]
     if missing:
         raise SiftError(f"factorial design: runs {missing} missing (have {sorted(runs)}); pass design=...")

@@ -22,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from sift.atomic import write_text
+from sift.detectors.registry import INSTANCE_ENSEMBLE
 from sift.detectors.thresholds import fit_threshold
 from sift.errors import SiftError
 from sift.evaluation.analysis import CALIB_SPLIT
@@ -80,12 +81,12 @@ def instance_ensembles(preds: list[Predictions], members: list[str]) -> list[Pre
     for s in seeds:
         if not all((d, s, sp) in by for d in members for sp in ("val", "test")):
             continue
-        val = average([by[(d, s, "val")] for d in members], "instance_ensemble", 0.5)
+        val = average([by[(d, s, "val")] for d in members], INSTANCE_ENSEMBLE, 0.5)
         thr = fit_threshold(val.prob, val.label)
         splits = ("val", CALIB_SPLIT, "test") if all((d, s, CALIB_SPLIT) in by for d in members) else ("val", "test")
         for sp in splits:
-            e = average([by[(d, s, sp)] for d in members], "instance_ensemble", thr)
-            out.append(Predictions("instance_ensemble", s, sp, thr, e.trace_id, e.base_item, e.domain, e.model,
+            e = average([by[(d, s, sp)] for d in members], INSTANCE_ENSEMBLE, thr)
+            out.append(Predictions(INSTANCE_ENSEMBLE, s, sp, thr, e.trace_id, e.base_item, e.domain, e.model,
                                    e.condition, e.label, e.prob, meta={"members": members}))
     return out
 
@@ -103,16 +104,16 @@ def instance_ensemble_transfer(specs: list, files: dict[str, dict[str, Path]],
     for (group, held, seed), by in sorted(runs.items(), key=str):
         if not all(d in by and {"val", "transfer"} <= set(by[d]) for d in members):
             continue
-        val = average([Predictions.load(by[d]["val"]) for d in members], "instance_ensemble", 0.5)
+        val = average([Predictions.load(by[d]["val"]) for d in members], INSTANCE_ENSEMBLE, 0.5)
         thr = fit_threshold(val.prob, val.label)
-        e = average([Predictions.load(by[d]["transfer"]) for d in members], "instance_ensemble", thr)
+        e = average([Predictions.load(by[d]["transfer"]) for d in members], INSTANCE_ENSEMBLE, thr)
         setting = f"{TRANSFER_SETTING[group]} ({held})"
-        out.append(Predictions("instance_ensemble", seed, "transfer", thr, e.trace_id, e.base_item, e.domain,
+        out.append(Predictions(INSTANCE_ENSEMBLE, seed, "transfer", thr, e.trace_id, e.base_item, e.domain,
                                e.model, e.condition, e.label, e.prob,
                                meta={"members": members, "transfer_setting": setting}))
         if all("test" in by[d] for d in members):  # its own in-distribution test split (like-for-like gap)
-            e = average([Predictions.load(by[d]["test"]) for d in members], "instance_ensemble", thr)
-            out.append(Predictions("instance_ensemble", seed, "test", thr, e.trace_id, e.base_item, e.domain,
+            e = average([Predictions.load(by[d]["test"]) for d in members], INSTANCE_ENSEMBLE, thr)
+            out.append(Predictions(INSTANCE_ENSEMBLE, seed, "test", thr, e.trace_id, e.base_item, e.domain,
                                    e.model, e.condition, e.label, e.prob,
                                    meta={"members": members, "in_dist_of": setting}))
     return out
@@ -234,7 +235,10 @@ def _read_section(path: Path | None) -> Section | None:
         return None  # unreadable: recompute
 
 
-def _appendix_one(name: str, inputs: dict, common: dict, options: dict, cache: Path | None = None) -> Section:
+def _appendix_one(name: str, inputs: dict, common: dict, options: dict, cache: Path | None = None,
+                  key: str | None = None) -> Section:
+    """Appendix analysis ``name`` with ``options`` (its keyword arguments), reusing a saved section; ``key``
+    renames the section (a second factorial design)."""
     import json
 
     from sift.evaluation.appendix import run_appendix
@@ -243,10 +247,13 @@ def _appendix_one(name: str, inputs: dict, common: dict, options: dict, cache: P
     if done is not None:
         return done
     try:
-        sec = run_appendix(inputs, names=[name], common=common, options=options)[0]
+        sec = run_appendix(inputs, names=[name], common=common, options={name: options})[0]
     except SiftError as e:  # undefined for these runs: say why in the report instead of failing the job
         sec = Section(f"appendix_{name}", f"{name} (not computed)", f"_Not computed for this run: {e}_",
                       results={"not_computed": str(e)})
+    if key is not None:
+        sec = Section(key, f"{sec.title} — {key.removeprefix(f'appendix_{name}_')}", sec.markdown, sec.figures,
+                      sec.results)
     if cache is None:
         return sec
     # round trip through the JSON results.json is written with, so a reused section writes identical bytes
@@ -256,33 +263,53 @@ def _appendix_one(name: str, inputs: dict, common: dict, options: dict, cache: P
     return Section(d["key"], d["title"], d["markdown"], d["figures"], d["results"])
 
 
+def appendix_jobs(cfg: DictConfig) -> dict[str, tuple[str, dict, str | None]]:
+    """Job name → (appendix analysis, its options, section key or None) for every analysis of APPENDIX_ANALYSES,
+    in order: the job's SGR node and κ go to the analyses that certify, and the factorial analysis runs once per
+    design of the detector registry (:func:`sift.detectors.registry.factorial_designs`; a second design's section
+    is ``appendix_factorial_<its other architecture>``)."""
+    from sift.detectors.registry import detector_entries, factorial_designs, reference_detector
+    from sift.evaluation.appendix import APPENDIX_ANALYSES
+    from sift.metrics.selective import SelectiveConfig
+
+    sel = SelectiveConfig.of(cfg.sgr)  # the report's one SGR setting (bound, candidates and κ too)
+    entries = detector_entries(cfg.detectors)
+    designs = factorial_designs(entries, reference_detector(entries))
+    options: dict[str, dict] = {
+        "label_noise": {"selective": sel}, "abstention": {"selective": sel},
+        "factorial": {"coverage": sel.match_coverage, "design": designs[0] if designs else None},
+        "stability_sensitivity": {"coverages": (None, sel.match_coverage)}}
+    jobs: dict[str, tuple[str, dict, str | None]] = {}
+    for a in APPENDIX_ANALYSES:
+        jobs[a.name] = (a.name, options.get(a.name, {}), None)
+        if a.name == "factorial":
+            for d in designs[1:]:
+                other = next(iter(d.values()))[0]
+                jobs[f"factorial_{other}"] = (a.name, {**options[a.name], "design": d}, f"appendix_factorial_{other}")
+    return jobs
+
+
 def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = None,
                       key: str = "") -> list[Section]:
-    """Every appendix analysis, ``cfg.workers`` processes at a time, in the order of APPENDIX_ANALYSES.
+    """Every appendix analysis (:func:`appendix_jobs`), ``cfg.workers`` processes at a time.
 
     Their CIs use ``cfg.bootstrap.appendix_resamples`` base-item resamples (each analysis loops over detectors,
     seeds, axes and features in every replicate, so it costs far more per resample than the main tables). With
     ``cache_dir``, each finished section is saved under its input ``key`` and reused by a rerun (a report
     interrupted half-way resumes)."""
-    from sift.evaluation.appendix import APPENDIX_ANALYSES
     from sift.workers import process_pool
 
     common = {"n_resamples": int(cfg.bootstrap.appendix_resamples), "seed": int(cfg.bootstrap.seed)}
-    from sift.metrics.selective import SelectiveConfig
-
-    sel = SelectiveConfig.of(cfg.sgr)  # the report's one SGR setting (bound, candidates and κ too)
-    options = {"label_noise": {"selective": sel}, "abstention": {"selective": sel},
-               "factorial": {"coverage": sel.match_coverage},
-               "stability_sensitivity": {"coverages": (None, sel.match_coverage)}}
-    names = [a.name for a in APPENDIX_ANALYSES]
-    caches = {n: _section_cache(cache_dir, n, key) for n in names}
+    jobs = appendix_jobs(cfg)
+    caches = {n: _section_cache(cache_dir, n, key) for n in jobs}
     if int(cfg.workers) <= 1:
-        return [_appendix_one(n, inputs, common, options, caches[n]) for n in names]
-    ready = {n: sec for n in names if (sec := _read_section(caches[n])) is not None}
+        return [_appendix_one(a, inputs, common, o, caches[n], k) for n, (a, o, k) in jobs.items()]
+    ready = {n: sec for n in jobs if (sec := _read_section(caches[n])) is not None}
     with process_pool(int(cfg.workers)) as pool:
-        jobs = {n: pool.submit(_appendix_one, n, inputs, common, options, caches[n]) for n in names if n not in ready}
-        ready.update({n: j.result() for n, j in jobs.items()})
-    return [ready[n] for n in names]
+        futures = {n: pool.submit(_appendix_one, a, inputs, common, o, caches[n], k)
+                   for n, (a, o, k) in jobs.items() if n not in ready}
+        ready.update({n: j.result() for n, j in futures.items()})
+    return [ready[n] for n in jobs]
 
 
 def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict[str, dict[str, Path]]) -> dict:

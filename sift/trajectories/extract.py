@@ -18,11 +18,12 @@ unpadded passes give the same states (up to float rounding).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from sift.config import ExtractionSettings
 from sift.errors import SiftError
 from sift.lm.latent import replay
 from sift.lm.states import (
@@ -38,18 +39,9 @@ from sift.trajectories import descriptors as D
 
 
 @dataclass
-class ExtractConfig:
-    """Extraction settings; every field enters the cache key (except batch_size, which does not change results)."""
-
-    t_max: int = 64  # at most this many (binned) steps per trace
-    attention_layer: int = -1  # layer (1..L, or negative from the end) whose attention gives attention stability
-    padding_side: str = "left"
-    batch_size: int = 64  # traces per forward pass
-    shard_size: int = 512  # traces per cache shard
-    state_dtype: str = "float16"  # dtype of the stored (binned) final-layer states used by the answer probe
-    interventions: list[str] = field(default_factory=lambda: ["cot_deleted", "first_step_edit", "step_dropped"])
-    value_pattern: str = r"-?\d+|true|false|True|False"  # a token whose stripped text matches is a "value"
-    step_pattern: str = r";|\."  # a token whose stripped text matches (or that holds a newline) ends a step
+class ExtractConfig(ExtractionSettings):
+    """Extraction settings (fields: :class:`sift.config.ExtractionSettings`, the ``extraction`` node's schema); every
+    field enters the cache key (except batch_size and shard_size, which do not change results)."""
 
     def validate(self) -> None:
         from sift.trajectories.interventions import INTERVENTIONS

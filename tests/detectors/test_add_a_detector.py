@@ -86,3 +86,38 @@ def test_a_new_detector_is_registered_trained_and_reported(new_detector):
     auroc = results["main_table"]["detectors"]["pooled_linear"]["in_dist_auroc"]
     assert 0 <= auroc["estimate"] <= 1 and auroc["low"] <= auroc["estimate"] <= auroc["high"]
     assert "pooled_linear" in (out / "report" / "report.md").read_text()
+
+
+FACTORIAL_CONFIG = CONFIG.replace("registry:\n  cost: 2\n", "objective:\n  use_irm: true\n  use_dann: true\n"
+                                                               "registry:\n  cost: 2\n  factorial: true\n")
+
+
+def test_a_new_detector_marked_factorial_gets_its_own_factorial_analysis(new_detector, tmp_path):
+    """registry.factorial on a new detector: the main job trains its ERM cell and the report runs the factorial
+    analysis for it against the reference detector, next to the shipped design."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
+    import ev_toy as toy
+
+    from sift.evaluation.faithshift_report import _appendix_one, appendix_jobs
+    from sift.faithshift import plan_runs
+
+    (new_detector / "configs" / "detector" / "pooled_linear.yaml").write_text(textwrap.dedent(FACTORIAL_CONFIG))
+    cfg = compose("faithshift", [f"paths.output_dir={tmp_path / 'job'}", "preset=quick",
+                                 "detectors=[sift,instance_level,pooled_linear]"])
+    assert {s.key for s in plan_runs(cfg) if s.group == "factorial"} >= {
+        "factorial/pooled_linear_erm/seed0", "factorial/sift_erm/seed0", "factorial/instance_level_irm_dann/seed0"}
+    jobs = appendix_jobs(cfg)
+    analysis, options, key = jobs["factorial_pooled_linear"]
+    assert (analysis, key) == ("factorial", "appendix_factorial_pooled_linear")
+    assert options["design"] == {"pooled_linear_erm": ("pooled_linear", "ERM"),
+                                 "pooled_linear": ("pooled_linear", "IRM+DANN"),
+                                 "sift_erm": ("sift", "ERM"), "sift": ("sift", "IRM+DANN")}
+    assert jobs["factorial"][1]["design"]["instance_level"] == ("instance_level", "ERM")
+    runs = {n: [toy.predictions(s, detector=n) for s in (0, 1)] for n in options["design"]}
+    sec = _appendix_one(analysis, {"runs": runs, "pairs": toy.pairs()}, {"n_resamples": 3, "seed": 0},
+                        options, key=key)
+    assert sec.key == "appendix_factorial_pooled_linear" and "not_computed" not in sec.results
+    assert sec.results["design"]["pooled_linear_erm"] == ["pooled_linear", "ERM"]
+    assert {c["architecture"] for c in sec.results["cells"].values()} == {"pooled_linear", "sift"}

@@ -110,8 +110,22 @@ def factorial_runs():
             "sift": [preds("sift", 0, violate=(0,)), preds("sift", 1, violate=(1,))]}
 
 
+#: the shipped registry's design (instance_level and sift declare factorial; sift is the reference)
+DESIGN = {"instance_level": ("instance_level", "ERM"), "instance_level_irm_dann": ("instance_level", "IRM+DANN"),
+          "sift_erm": ("sift", "ERM"), "sift": ("sift", "IRM+DANN")}
+
+
+def test_the_registry_gives_the_factorial_design():
+    from sift.detectors.registry import detector_entries, factorial_designs, reference_detector
+
+    entries = detector_entries(["sift", "hidden_probe", "instance_level"])
+    assert factorial_designs(entries, reference_detector(entries)) == [DESIGN]
+    assert list(factorial_designs(entries, reference_detector(entries))[0]) == list(DESIGN)  # low levels first
+
+
 def test_factorial_effects_by_hand(tmp_path):
-    sec = factorial_decomposition(factorial_runs(), toy_pairs(), tmp_path, coverage=None, n_resamples=R)
+    sec = factorial_decomposition(factorial_runs(), toy_pairs(), tmp_path, design=DESIGN, coverage=None,
+                                  n_resamples=R)
     res = sec.results
     x = 1 / 7
     expect = {"A": 6 / 7, "B": 6 / 7, "C": 1, "D": 1, "E": 6 / 7, "F": 1, "G": 1, "H": 1}
@@ -142,6 +156,8 @@ def test_factorial_needs_its_four_runs():
     runs = factorial_runs()
     del runs["sift_erm"]
     with pytest.raises(SiftError, match="sift_erm"):
+        factorial_decomposition(runs, toy_pairs(), design=DESIGN, n_resamples=2)
+    with pytest.raises(SiftError, match="no design"):
         factorial_decomposition(runs, toy_pairs(), n_resamples=2)
 
 
@@ -357,7 +373,8 @@ def test_registry_runs_what_its_inputs_allow(tmp_path):
                      "abstention", "optimal_coverage", "mechanism"}
     inputs = {"runs": factorial_runs(), "pairs": toy_pairs(), "traces": None, "out_dir": tmp_path}
     secs = run_appendix(inputs, names=["factorial", "stability_sensitivity", "theorem_bound", "optimal_coverage"],
-                        common={"n_resamples": 3, "seed": 1}, options={"factorial": {"coverage": None}})
+                        common={"n_resamples": 3, "seed": 1},
+                        options={"factorial": {"coverage": None, "design": DESIGN}})
     assert [s.key for s in secs] == ["appendix_factorial", "appendix_stability_sensitivity",
                                      "appendix_optimal_coverage"]  # theorem_bound needs traces
     assert secs[0].results["coverage"] is None and secs[0].results["n_resamples"] == 3

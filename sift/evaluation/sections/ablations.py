@@ -47,14 +47,15 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
     """Paper Table 4 (a): per variant (ablation name → its seed runs on the test split): in-distribution
     AUROC, IVR, AS, MFS (full coverage), SGR coverage and certified MFS, and — with ``transfer`` (variant →
     runs on the shifted split) — transfer AUROC and gap; relative change of IVR and MFS against ``reference``
-    (default: the variant named ``full``/``none``/``Full SIFT``, else the first). Mean over seeds, 95 %
+    (default: the variant whose runs carry no ``ablation``, else the first). Mean over seeds, 95 %
     cluster-bootstrap CIs. ``calib`` (variant → validation runs) calibrates SGR.
     """
     if not ablations:
         raise SiftError("ablation_table: no variants")
     variants = list(ablations)
-    if reference is None:
-        reference = next((v for v in variants if v.lower() in ("full", "none", "full sift", "sift")), variants[0])
+    if reference is None:  # the variant trained without an ablation
+        reference = next((v for v in variants if all(p.meta.get("ablation") in (None, "", "none")
+                                                       for p in as_list(ablations[v]))), variants[0])
     elif reference not in ablations:
         raise SiftError(f"reference variant {reference!r} not among {variants}")
     axes = preserving_axes(pairs)

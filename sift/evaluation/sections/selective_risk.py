@@ -106,8 +106,8 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
     * risk–coverage curves of all detectors (PNG ``risk_coverage.png`` in ``out_dir``);
     * the coverage-matched comparison at κ = ``match_coverage`` (default ``selective.match_coverage``): selective
       risk and MFS of every detector, and a
-      paired cluster-bootstrap test of R_ref(κ) − R_other(κ) for the ``reference`` detector (default: the first
-      row whose name starts with "sift", else the first) against every other row. p = 2·min(P*(d ≤ 0),
+      paired cluster-bootstrap test of R_ref(κ) − R_other(κ) for the ``reference`` detector (the report passes
+      the registry's reference detector; default: the first row) against every other row. p = 2·min(P*(d ≤ 0),
       P*(d ≥ 0)) over the bootstrap replicates d (percentile bootstrap test, capped at 1), BH-adjusted.
       The paper smooths curves by monotone regression; here they are shown raw.
     """
@@ -122,7 +122,7 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
     data = prepare_runs(table, rows, axes, items, selective, calib)
     names = list(data)
     if reference is None:
-        reference = next((n for n in names if n.lower().startswith("sift")), names[0] if names else None)
+        reference = names[0] if names else None
     elif reference not in data:
         raise SiftError(f"reference detector {reference!r} not among {names}")
     results: dict[str, Any] = {"alphas": list(alphas), "delta": selective.delta, "bound": selective.bound,
