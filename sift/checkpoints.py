@@ -88,7 +88,8 @@ class ModelCheckpoint(_LightningModelCheckpoint):
     Exact resume also needs the data side: Lightning creates a resumed run's first training iterator *before*
     ``on_train_epoch_start`` (an uninterrupted run creates epoch N's after it), so sift's DataModules draw
     their order from ``(seed, epoch)`` (:class:`datamodules.batch.EpochShuffleSampler`) and give every
-    DataLoader a private generator: creating an iterator never touches the global RNG restored here.
+    DataLoader a private generator: creating an iterator never touches the global RNG restored here. That first
+    iterator is even created before the epoch counter is restored, so ``on_train_start`` creates it again.
     """
 
     _pending_rng: dict[str, Any] | None = None
@@ -98,6 +99,14 @@ class ModelCheckpoint(_LightningModelCheckpoint):
         if (self.save_last and not self._should_skip_saving_checkpoint(trainer)
                 and self._should_save_on_train_epoch_end(trainer) == at_train_epoch_end):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        fetcher = getattr(trainer.fit_loop, "_data_fetcher", None)
+        if self._pending_rng is not None and fetcher is not None:
+            # a resumed run: Lightning created its first training iterator in ``_FitLoop.setup_data``, before
+            # ``on_run_start`` set ``current_epoch`` from the checkpoint, and keeps it for the resumed epoch; sift's
+            # samplers read the epoch when an iterator is created, so create it again now (no batch was drawn)
+            iter(fetcher)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._pending_rng is not None:

@@ -16,6 +16,24 @@ SMALL_SIFT = ["detector.net.d_model=32", "detector.net.filters=16", "detector.ne
               "detector.objective.dann_hidden=32"]
 
 
+def _compose_trajectory(tmp_path):
+    """compose_train without the synthetic data's overrides."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from sift.cli._common import CONFIG_DIR
+
+    def make(*overrides: str, out: str | None = None):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+            cfg = compose("train", overrides=[f"paths.output_dir={out or tmp_path / 'run'}", "logger=none",
+                                              "trainer.enable_progress_bar=false", *overrides])
+        GlobalHydra.instance().clear()
+        return cfg
+
+    return make
+
+
 class Killed(Exception):
     """Stands in for SIGKILL: the run ends without writing anything more."""
 
@@ -36,9 +54,29 @@ def _numbers(rec: dict) -> dict:
     return json.loads(json.dumps({k: rec[k] for k in keep}))
 
 
+@pytest.fixture(scope="module")
+def toy_trajectories(tmp_path_factory):
+    """The TrajectoryDataModule's input (environment-balanced loader, per-epoch order), from the toy models."""
+    from sift.trajectories.extract import ExtractConfig
+    from sift.trajectories.predict import extract_corpus
+    from sift.trajectories.toy import save_toy_models, write_toy_corpus
+
+    root = tmp_path_factory.mktemp("cap_resume")
+    corpus = write_toy_corpus(root / "corpus", n_items=24)
+    extract_corpus(corpus, root / "traj", save_toy_models(root / "models"),
+                   ExtractConfig(shard_size=64, batch_size=32, t_max=12), progress=False)
+    return root / "traj"
+
+
+@pytest.mark.parametrize("data", ["synthetic", "trajectory"])
 @pytest.mark.parametrize("cap", ["loose", "binding"])
-def test_step_capped_run_killed_after_an_epoch_resumes_exactly(compose_train, tmp_path, monkeypatch, cap):
+def test_step_capped_run_killed_after_an_epoch_resumes_exactly(compose_train, tmp_path, monkeypatch, cap, data,
+                                                                request):
     args = ["detector=sift", *SMALL_SIFT, "trainer.max_epochs=4"]
+    if data == "trajectory":
+        traj = request.getfixturevalue("toy_trajectories")
+        args += ["data=trajectory", f"data.trajectory_dir={traj}", "data.batch_size=8"]
+        compose_train = _compose_trajectory(tmp_path)
     probe = train(compose_train(*args, "trainer.max_epochs=1", out=str(tmp_path / "probe")))
     per_epoch = int(probe["global_step"])
     steps = 1000 if cap == "loose" else 3 * per_epoch - 1   # binding: stops one step into the third epoch's end
