@@ -417,7 +417,7 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
         _resample_train(dm, int(cfg.seed))
     spec = DataSpec.from_datamodule(dm)
     pl.seed_everything(int(cfg.seed), workers=True, verbose=False)  # init does not depend on data setup
-    model = instantiate_node(cfg.detector, exclude=DETECTOR_RUN_KEYS, **spec.as_kwargs())
+    model = instantiate_node(cfg.detector, exclude=DETECTOR_RUN_KEYS, data=spec.as_dict())
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values()
                  if isinstance(c, DictConfig) and "_target_" in c]
     history = ValidationHistory()

@@ -29,7 +29,7 @@ from torch import nn
 
 from datamodules.batch import TraceBatch
 from datamodules.features import channel_index, select_by_prefix
-from sift.detectors.module import DetectorModule, Standardizer, build_net, mlp
+from sift.detectors.module import DataSpec, DetectorModule, Standardizer, build_net, mlp
 from sift.errors import SiftError
 
 INPUT_KINDS = ("features", "pooled", "channel_mean", "prompt_pooled")
@@ -91,13 +91,10 @@ class LogisticDetector(DetectorModule):
     #: trained in one pass (the training record counts it as converged)
     fits_once = True
 
-    def __init__(self, *, name: str = "logistic", inputs: str = "features", prefixes: Sequence[str] = (),
-                 channel: str | None = None, C: float = 1.0, standardize: bool = True, max_iter: int = 1000,
-                 channel_names: Sequence[str] = (), feature_names: Sequence[str] = (), pooled_dim: int = 0,
-                 n_envs: int = 1, n_domains: int = 1, n_models: int = 1, threshold_method: str = "youden") -> None:
-        super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
-                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models,
-                         threshold_method=threshold_method)
+    def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "logistic",
+                 inputs: str = "features", prefixes: Sequence[str] = (), channel: str | None = None, C: float = 1.0,
+                 standardize: bool = True, max_iter: int = 1000, threshold_method: str = "youden") -> None:
+        super().__init__(data=data, name=name, threshold_method=threshold_method)
         self.save_hyperparameters(logger=False)
         self.automatic_optimization = False
         self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,
@@ -196,15 +193,13 @@ class MLPDetector(DetectorModule):
 
     objective_defaults: ClassVar[dict[str, Any]] = {"env_reduction": "mean"}
 
-    def __init__(self, *, name: str = "mlp", inputs: str = "features", prefixes: Sequence[str] = (),
-                 channel: str | None = None, net: Mapping[str, Any] | None = None, standardize: bool = True,
-                 channel_names: Sequence[str] = (), feature_names: Sequence[str] = (), pooled_dim: int = 0,
-                 n_envs: int = 1, n_domains: int = 1, n_models: int = 1, optimizer: Mapping[str, Any] | None = None,
-                 scheduler: Mapping[str, Any] | None = None, objective: Mapping[str, Any] | None = None,
-                 threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
-        super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
-                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models,
-                         optimizer=optimizer, scheduler=scheduler, objective=objective,
+    def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "mlp",
+                 inputs: str = "features", prefixes: Sequence[str] = (), channel: str | None = None,
+                 net: Mapping[str, Any] | None = None, standardize: bool = True,
+                 optimizer: Mapping[str, Any] | None = None, scheduler: Mapping[str, Any] | None = None,
+                 objective: Mapping[str, Any] | None = None, threshold_method: str = "youden",
+                 stats_max_batches: int = 200) -> None:
+        super().__init__(data=data, name=name, optimizer=optimizer, scheduler=scheduler, objective=objective,
                          threshold_method=threshold_method, stats_max_batches=stats_max_batches)
         self.save_hyperparameters(logger=False)
         self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,

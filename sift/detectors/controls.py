@@ -23,7 +23,7 @@ detector, that detector may be reading the text rather than the mechanism.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ import torch
 
 from datamodules.batch import TraceBatch
 from datamodules.features import select_by_prefix
-from sift.detectors.module import DetectorModule, as_env_batches
+from sift.detectors.module import DataSpec, DetectorModule, as_env_batches
 from sift.errors import SiftError
 
 CONTROL_DETECTORS = ("text_bow", "surface", "prompt_probe", "text_sift")
@@ -50,12 +50,9 @@ class SklearnDetector(DetectorModule):
     #: fitted in one pass (the training record counts it as converged, never as undertrained)
     fits_once = True
 
-    def __init__(self, *, name: str = "sklearn", channel_names: Sequence[str] = (),
-                 feature_names: Sequence[str] = (), pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1,
-                 n_models: int = 1, threshold_method: str = "youden") -> None:
-        super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
-                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models,
-                         threshold_method=threshold_method)
+    def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "sklearn",
+                 threshold_method: str = "youden") -> None:
+        super().__init__(data=data, name=name, threshold_method=threshold_method)
         self.automatic_optimization = False
         self.estimator: Any = None
         self.register_buffer("fitted", torch.zeros((), dtype=torch.bool))
@@ -150,8 +147,9 @@ class SklearnDetector(DetectorModule):
 class TextBowDetector(SklearnDetector):
     """``text_bow``: bag of words and character n-grams over prompt + CoT, logistic regression."""
 
-    def __init__(self, *, name: str = "text_bow", C: float = 1.0, max_iter: int = 2000, **data: Any) -> None:
-        super().__init__(name=name, **data)
+    def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "text_bow",
+                 C: float = 1.0, max_iter: int = 2000, threshold_method: str = "youden") -> None:
+        super().__init__(data=data, name=name, threshold_method=threshold_method)
         self.save_hyperparameters(logger=False)
         self.C, self.max_iter = C, max_iter
 
@@ -172,8 +170,9 @@ class SurfaceDetector(SklearnDetector):
     (:data:`sift.corpus.audit.SURFACE_FEATURES`)."""
 
     def __init__(self, *, name: str = "surface", prefix: str = "surf/", max_iter: int = 100,
-                 learning_rate: float = 0.1, max_leaf_nodes: int = 31, **data: Any) -> None:
-        super().__init__(name=name, **data)
+                 learning_rate: float = 0.1, max_leaf_nodes: int = 31,
+                 data: DataSpec | Mapping[str, Any] | None = None, threshold_method: str = "youden") -> None:
+        super().__init__(data=data, name=name, threshold_method=threshold_method)
         self.save_hyperparameters(logger=False)
         try:
             self.idx = select_by_prefix(self.feature_names, [prefix])

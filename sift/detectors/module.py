@@ -93,20 +93,33 @@ def concat_batches(batches: Sequence[TraceBatch]) -> TraceBatch:
 # --------------------------------------------------------------------------------------------- data spec
 @dataclass
 class DataSpec:
-    """What a detector needs to know about the data to build itself."""
+    """What a detector needs to know about the data to build itself: every detector takes it as ``data`` (a
+    DataSpec or its :meth:`as_dict`, which is what the checkpoint's hyperparameters hold)."""
 
-    channel_names: list[str]
-    feature_names: list[str]
-    pooled_dim: int
-    n_envs: int
-    n_domains: int
+    channel_names: list[str] = field(default_factory=list)
+    feature_names: list[str] = field(default_factory=list)
+    pooled_dim: int = 0
+    n_envs: int = 1
+    n_domains: int = 1
     n_models: int = 1
     env_names: list[str] = field(default_factory=list)
 
-    def as_kwargs(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("env_names")
-        return d
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values only (a checkpoint loaded with ``weights_only=True`` can hold them)."""
+        return asdict(self)
+
+    @classmethod
+    def of(cls, data: DataSpec | Mapping[str, Any] | None) -> DataSpec:
+        """``data`` as a DataSpec (None: no channels, features or states; one environment, domain and model)."""
+        if data is None:
+            return cls()
+        if isinstance(data, DataSpec):
+            return data
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise SiftError(f"detector data: unknown key(s) {unknown} (known: {sorted(cls.__dataclass_fields__)})")
+        d = dict(data)
+        return cls(**{**d, **{k: list(d[k]) for k in ("channel_names", "feature_names", "env_names") if k in d}})
 
     @classmethod
     def from_datamodule(cls, dm: Any, scan_batches: int = 10_000) -> DataSpec:
@@ -217,19 +230,19 @@ class DetectorModule(pl.LightningModule):
     #: the objective a detector class trains with when its config leaves a term unset
     objective_defaults: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, *, name: str = "detector", channel_names: Sequence[str] = (),
-                 feature_names: Sequence[str] = (), pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1,
-                 n_models: int = 1, optimizer: Mapping[str, Any] | None = None,
-                 scheduler: Mapping[str, Any] | None = None, objective: Mapping[str, Any] | None = None,
-                 threshold_method: str = "youden", stats_max_batches: int = 200) -> None:
+    def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "detector",
+                 optimizer: Mapping[str, Any] | None = None, scheduler: Mapping[str, Any] | None = None,
+                 objective: Mapping[str, Any] | None = None, threshold_method: str = "youden",
+                 stats_max_batches: int = 200) -> None:
         super().__init__()
         self.optimizer_config = optimizer_config(optimizer)
         self.lr_schedule = LRSchedule.build_from(scheduler)
         self.objective = Objective.build(self.objective_defaults, objective)
         self.detector_name = name
-        self.channel_names, self.feature_names = list(channel_names), list(feature_names)
-        self.pooled_dim = int(pooled_dim)
-        self.n_classes = {"env": int(n_envs), "domain": int(n_domains), "model": int(n_models)}
+        spec = DataSpec.of(data)
+        self.channel_names, self.feature_names = list(spec.channel_names), list(spec.feature_names)
+        self.pooled_dim = int(spec.pooled_dim)
+        self.n_classes = {"env": int(spec.n_envs), "domain": int(spec.n_domains), "model": int(spec.n_models)}
         self.threshold_method, self.stats_max_batches = threshold_method, stats_max_batches
         self.domain_classifier: DomainClassifier | None = None
         self.register_buffer("threshold", torch.tensor(0.5))
@@ -237,6 +250,17 @@ class DetectorModule(pl.LightningModule):
         self.val_probs, self.val_labels = CatMetric(), CatMetric()
         self.test_loss, self.test_auroc = MeanMetric(), BinaryAUROC()
         self.test_probs, self.test_labels = CatMetric(), CatMetric()
+
+    def save_hyperparameters(self, *args: Any, ignore: Sequence[str] | str | None = None, frame: Any = None,
+                             logger: bool = True) -> None:
+        """Lightning's, from the calling ``__init__``; a :class:`DataSpec` given as ``data`` is kept as its
+        :meth:`~DataSpec.as_dict` (plain values, so the checkpoint loads with ``weights_only=True``)."""
+        import inspect
+
+        frame = frame if frame is not None else inspect.currentframe().f_back  # type: ignore[union-attr]
+        super().save_hyperparameters(*args, ignore=ignore, frame=frame, logger=logger)
+        if isinstance(self.hparams.get("data"), DataSpec):
+            self.hparams["data"] = self.hparams["data"].as_dict()
 
     # ---- subclass API
     def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor | None]:

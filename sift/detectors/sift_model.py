@@ -17,7 +17,7 @@ from torch import nn
 
 from datamodules.batch import TraceBatch
 from datamodules.features import ATTENTION_STABILITY, EARLY_COMMITMENT, keep_channels
-from sift.detectors.module import DetectorModule, Standardizer, build_net, mlp
+from sift.detectors.module import DataSpec, DetectorModule, Standardizer, build_net, mlp
 from sift.errors import SiftError
 
 if TYPE_CHECKING:
@@ -167,16 +167,13 @@ class SIFTDetector(DetectorModule):
 
     objective_defaults: ClassVar[dict[str, Any]] = {"use_irm": True, "use_dann": True}
 
-    def __init__(self, *, name: str = "sift", channel_names: Sequence[str] = (), feature_names: Sequence[str] = (),
-                 pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1, n_models: int = 1,
+    def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "sift",
                  net: Mapping[str, Any] | None = None, optimizer: Mapping[str, Any] | None = None,
                  scheduler: Mapping[str, Any] | None = None, objective: Mapping[str, Any] | None = None,
                  use_attention_stability: bool = True, use_early_commitment: bool = True,
                  drop_channels: Sequence[str] = (), standardize: bool = True, threshold_method: str = "youden",
                  stats_max_batches: int = 200) -> None:
-        super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
-                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models,
-                         optimizer=optimizer, scheduler=scheduler, objective=objective,
+        super().__init__(data=data, name=name, optimizer=optimizer, scheduler=scheduler, objective=objective,
                          threshold_method=threshold_method, stats_max_batches=stats_max_batches)
         self.save_hyperparameters(logger=False)
         drop = list(drop_channels)

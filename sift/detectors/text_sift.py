@@ -24,7 +24,7 @@ trajectory detector, that detector may be reading the text rather than the mecha
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -33,7 +33,7 @@ from torch import nn
 
 from datamodules.batch import TraceBatch
 from datamodules.token_steps import SEGMENTS
-from sift.detectors.module import DetectorModule, build_net
+from sift.detectors.module import DataSpec, DetectorModule, build_net
 from sift.detectors.sift_model import SIFTNet
 from sift.errors import SiftError
 
@@ -80,15 +80,12 @@ class TextSIFTDetector(DetectorModule):
 
     objective_defaults: ClassVar[dict[str, Any]] = {"use_irm": True, "use_dann": True}
 
-    def __init__(self, *, name: str = "text_sift", channel_names: Sequence[str] = (), feature_names: Sequence[str] = (),
-                 pooled_dim: int = 0, n_envs: int = 1, n_domains: int = 1, n_models: int = 1,
+    def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "text_sift",
                  tokens: Mapping[str, Any] | None = None, net: Mapping[str, Any] | None = None,
                  optimizer: Mapping[str, Any] | None = None, scheduler: Mapping[str, Any] | None = None,
                  objective: Mapping[str, Any] | None = None, threshold_method: str = "youden",
                  stats_max_batches: int = 200) -> None:
-        super().__init__(name=name, channel_names=channel_names, feature_names=feature_names,
-                         pooled_dim=pooled_dim, n_envs=n_envs, n_domains=n_domains, n_models=n_models,
-                         optimizer=optimizer, scheduler=scheduler, objective=objective,
+        super().__init__(data=data, name=name, optimizer=optimizer, scheduler=scheduler, objective=objective,
                          threshold_method=threshold_method, stats_max_batches=stats_max_batches)
         self.save_hyperparameters(logger=False)
         self.embed = TokenStepEmbedding(**dict(tokens or {}))

@@ -78,7 +78,7 @@ def synthetic_run(root):
     dm = SyntheticDataModule(n_items=60, data_seed=0)
     dm.setup()
     pl.seed_everything(0)
-    det = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(),
+    det = SIFTDetector(data=DataSpec.from_datamodule(dm),
                        net={"d_model": 16, "filters": 4, "n_layers": 1, "n_heads": 2, "dim_feedforward": 32,
                             "mlp_hidden": 16}, objective={"use_irm": False, "use_dann": False})
     tr = pl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,

@@ -46,7 +46,7 @@ def _small_sift(**kw):
     torch.manual_seed(0)
     net = {"d_model": 16, "filters": 4, "n_layers": 1, "n_heads": 2, "dim_feedforward": 16, "mlp_hidden": 8,
            "dropout": 0.0}
-    m = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), net=net,
+    m = SIFTDetector(data=DataSpec.from_datamodule(dm), net=net,
                      objective={"dann_hidden": 8, "irm_lambda": 2.0, "dann_weight": 0.5, **kw})
     m.log = lambda *a, **k: None
     m.train()
@@ -151,7 +151,7 @@ def test_dann_schedule_and_discriminator_learning_rate():
     from datamodules.features import organism_channel_names
     from sift.detectors import SIFTDetector
 
-    m = SIFTDetector(channel_names=organism_channel_names(4), n_envs=3,
+    m = SIFTDetector(data={"channel_names": organism_channel_names(4), "n_envs": 3},
                      net={"d_model": 16, "filters": 4, "n_layers": 1, "n_heads": 2},
                      objective={"dann_schedule": "ganin", "dann_lr_mult": 10.0})
     for step, alpha in [(0, 0.0), (50, 2 / (1 + math.exp(-5)) - 1), (100, 2 / (1 + math.exp(-10)) - 1)]:
@@ -176,4 +176,4 @@ def test_penalty_schedule_starts_at_zero_then_ramps(monkeypatch):
         loss = m.training_step(envs, 0)
         assert loss.item() == pytest.approx((risk + factor * (2.0 * irm + 0.5 * dann)).item(), rel=1e-5)
     with pytest.raises(SiftError, match="penalty_start_steps"):
-        SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), objective={"penalty_start_steps": -1})
+        SIFTDetector(data=DataSpec.from_datamodule(dm), objective={"penalty_start_steps": -1})

@@ -107,7 +107,7 @@ def _trace_batch(x, mask):
 
 def test_detector_inference_engine_matches_detector_probabilities():
     torch.manual_seed(0)
-    det = SIFTDetector(channel_names=CH, n_envs=3, use_attention_stability=False)
+    det = SIFTDetector(data={"channel_names": CH, "n_envs": 3}, use_attention_stability=False)
     x, mask = _batch(T=20)
     x = x * 3 + 1
     det.fit_input_stats([_trace_batch(x, mask)])  # a fitted standardiser with non-trivial mean/std

@@ -80,7 +80,7 @@ def test_length_chunked_training_encoder_is_the_same_function():
 
 
 def test_paper_architecture_shapes():
-    m = SIFTDetector(**DATA)
+    m = SIFTDetector(data=DATA)
     net = m.net
     assert [c.kernel_size[0] for c in net.tcn.convs] == [3, 5, 7, 11]
     assert all(c.out_channels == 64 and c.in_channels == 9 for c in net.tcn.convs)
@@ -101,30 +101,30 @@ def _count(m, kind):
 
 
 def test_ablation_switches_remove_components():
-    full = SIFTDetector(**DATA)
+    full = SIFTDetector(data=DATA)
     n_full = n_parameters(full)
 
-    no_tcn = SIFTDetector(**DATA, net={"use_tcn": False})
+    no_tcn = SIFTDetector(data=DATA, net={"use_tcn": False})
     assert no_tcn.net.tcn is None and _count(no_tcn, nn.Conv1d) == 0 and _count(full, nn.Conv1d) == 4
     tcn_params = n_parameters(full.net.tcn) + n_parameters(full.net.proj) - n_parameters(no_tcn.net.proj)
     assert n_full - n_parameters(no_tcn) == tcn_params > 0
 
-    no_tr = SIFTDetector(**DATA, net={"use_transformer": False})
+    no_tr = SIFTDetector(data=DATA, net={"use_transformer": False})
     assert no_tr.net.encoder is None and _count(no_tr, nn.TransformerEncoderLayer) == 0
     assert n_full - n_parameters(no_tr) == n_parameters(full.net.encoder) > 0
 
-    no_dann = SIFTDetector(**DATA, objective={"use_dann": False})
+    no_dann = SIFTDetector(data=DATA, objective={"use_dann": False})
     assert no_dann.domain_classifier is None
     assert n_full - n_parameters(no_dann) == n_parameters(full.domain_classifier) > 0
     assert full.domain_classifier.net[-1].out_features == 3  # env ids
-    assert SIFTDetector(**DATA, objective={"dann_domain": "domain"}).domain_classifier.net[-1].out_features == 2
+    assert SIFTDetector(data=DATA, objective={"dann_domain": "domain"}).domain_classifier.net[-1].out_features == 2
 
-    no_as = SIFTDetector(**DATA, use_attention_stability=False)
+    no_as = SIFTDetector(data=DATA, use_attention_stability=False)
     assert no_as.in_channels == 8 and ATTENTION_STABILITY not in no_as.kept_channels
     assert all(c.in_channels == 8 for c in no_as.net.tcn.convs)
-    no_ec = SIFTDetector(**DATA, use_early_commitment=False)
+    no_ec = SIFTDetector(data=DATA, use_early_commitment=False)
     assert no_ec.in_channels == 8 and EARLY_COMMITMENT not in no_ec.kept_channels
-    both = SIFTDetector(**DATA, use_attention_stability=False, use_early_commitment=False, net={"use_tcn": False})
+    both = SIFTDetector(data=DATA, use_attention_stability=False, use_early_commitment=False, net={"use_tcn": False})
     assert both.net.proj.in_features == 7
     # the dropped channel really is not read: changing it does not change the output
     x, mask = _inputs()
@@ -148,7 +148,7 @@ def test_no_irm_switch_skips_the_penalty(monkeypatch):
                    pooled=torch.zeros(4, 4), features=torch.zeros(4, 1))
     for use_irm, expected in [(False, 0), (True, 2)]:
         calls.clear()
-        m = SIFTDetector(**DATA, objective={"use_irm": use_irm},
+        m = SIFTDetector(data=DATA, objective={"use_irm": use_irm},
                          net={"d_model": 16, "filters": 4, "n_layers": 1, "n_heads": 2})
         m.log = lambda *a, **k: None
         m.training_step(b, 0)  # one mixed batch is split by env: two environments
@@ -159,15 +159,15 @@ def test_unknown_channel_or_domain_kind_is_a_clear_error():
     from sift.errors import SiftError
 
     with pytest.raises(SiftError, match="attention_stability"):
-        SIFTDetector(**{**DATA, "channel_names": CH[:-1]}, use_attention_stability=False)
+        SIFTDetector(data={**DATA, "channel_names": CH[:-1]}, use_attention_stability=False)
     with pytest.raises(SiftError, match="dann_domain"):
-        SIFTDetector(**DATA, objective={"dann_domain": "task"})
+        SIFTDetector(data=DATA, objective={"dann_domain": "task"})
     with pytest.raises(SiftError, match=r"detector.objective: unknown key\(s\) \['irm_lamda'\]"):
-        SIFTDetector(**DATA, objective={"irm_lamda": 2.0})
+        SIFTDetector(data=DATA, objective={"irm_lamda": 2.0})
     with pytest.raises(SiftError, match=r"detector.scheduler: unknown key\(s\) \['warmup'\]"):
-        SIFTDetector(**DATA, scheduler={"warmup": 5})
+        SIFTDetector(data=DATA, scheduler={"warmup": 5})
     with pytest.raises(SiftError, match="_partial_"):
-        SIFTDetector(**DATA, optimizer={"_partial_": False})
+        SIFTDetector(data=DATA, optimizer={"_partial_": False})
 
 
 @pytest.mark.parametrize("preset,check", [
@@ -182,9 +182,9 @@ def test_ablation_presets_switch_off_their_component(compose_train, preset, chec
     """`sift-train ablation=<preset>` builds the detector without that component (configs/ablation/)."""
     from sift.training import DETECTOR_RUN_KEYS, instantiate_node
 
-    full = instantiate_node(compose_train("detector=sift").detector, exclude=DETECTOR_RUN_KEYS, **DATA)
+    full = instantiate_node(compose_train("detector=sift").detector, exclude=DETECTOR_RUN_KEYS, data=DATA)
     m = instantiate_node(compose_train("detector=sift", f"ablation={preset}").detector, exclude=DETECTOR_RUN_KEYS,
-                         **DATA)
+                         data=DATA)
     assert check(m) and not check(full)
     if preset not in ("no_irm",):  # IRM has no parameters; the others remove weights
         assert n_parameters(m) < n_parameters(full)
@@ -197,7 +197,7 @@ def test_the_optimizer_is_the_configured_partial(compose_train):
 
     def build(*overrides):
         cfg = compose_train("detector=sift", *overrides).detector
-        return instantiate_node(cfg, exclude=DETECTOR_RUN_KEYS, **DATA)
+        return instantiate_node(cfg, exclude=DETECTOR_RUN_KEYS, data=DATA)
 
     m = build("detector.optimizer.weight_decay=0.01")
     out = m.configure_optimizers()
@@ -259,3 +259,26 @@ def test_encoder_is_recomputed_only_in_batches_with_a_trace_that_long(monkeypatc
     assert n_calls(SIFTNet(9, encoder_chunk=4).train(), 12) == 0
     with pytest.raises(SiftError, match="checkpoint_from_steps"):
         SIFTNet(9, checkpoint_from_steps=0)
+
+
+def test_detectors_take_the_data_spec_as_one_argument(tmp_path):
+    """Every detector takes ``data`` (a DataSpec or its dict); its checkpoint holds the dict and loads as data."""
+    from sift.detectors import load_detector
+    from sift.detectors.module import DataSpec
+    from sift.errors import SiftError
+
+    spec = DataSpec(**DATA)
+    m = SIFTDetector(data=spec)
+    assert m.hparams["data"] == spec.as_dict() and m.channel_names == CH and m.n_classes["domain"] == 2
+    assert SIFTDetector(data=spec.as_dict()).hparams["data"] == spec.as_dict()
+    import pytorch_lightning as pl
+
+    trainer = pl.Trainer(max_epochs=0, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.strategy.connect(m)
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    ck = torch.load(tmp_path / "m.ckpt", weights_only=True)
+    ck["sift_detector"] = {"class": "sift.detectors.sift_model.SIFTDetector"}
+    torch.save(ck, tmp_path / "m.ckpt")
+    assert load_detector(str(tmp_path / "m.ckpt")).channel_names == CH
+    with pytest.raises(SiftError, match=r"unknown key\(s\) \['n_env'\]"):
+        SIFTDetector(data={"n_env": 2})

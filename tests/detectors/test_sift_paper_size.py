@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 def _fit(dm, epochs, seed=0, **kw):
     pl.seed_everything(seed, verbose=False)
-    m = SIFTDetector(**DataSpec.from_datamodule(dm).as_kwargs(), **kw)
+    m = SIFTDetector(data=DataSpec.from_datamodule(dm), **kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False, enable_progress_bar=False,

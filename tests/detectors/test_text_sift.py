@@ -29,7 +29,7 @@ def shipped(overrides=(), **data):
                                   resolve=True)
     for k in (*DETECTOR_RUN_KEYS, "_target_"):
         node.pop(k, None)
-    return TextSIFTDetector(**node, **data)
+    return TextSIFTDetector(**node, data=data or None)
 
 
 def xor_batch(n: int, g: torch.Generator) -> TraceBatch:
