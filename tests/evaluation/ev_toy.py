@@ -20,7 +20,7 @@ from sift.evaluation.predictions import Pairs, Predictions
 from sift.metrics.selective import SelectiveConfig
 
 #: one candidate threshold ρ ≥ 0.75, δ' = δ = 0.5: on toy seed 0, 7 of 15 traces selected, all correct
-CERT = SelectiveConfig(alpha=0.7, delta=0.5, candidates=(0.75,))
+CERT = SelectiveConfig(alpha=0.7, delta=0.5, candidates=(0.75,), alphas=(0.7,), match_coverage=0.7)
 
 
 def est(res: dict, key: str) -> float:

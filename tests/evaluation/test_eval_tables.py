@@ -106,8 +106,8 @@ def test_ensemble_table_builds_average_and_gain():
 
 def test_selective_section_hand_values(tmp_path):
     runs = {"toy": [toy.predictions(0)], "copy": [toy.predictions(0, detector="copy")]}
-    s = selective_risk_section(runs, toy.pairs(), selective=CERT, alphas=[0.7], coverages=[0.2, 1.0],
-                               match_coverage=0.7, reference="toy", out_dir=tmp_path, n_resamples=50)
+    s = selective_risk_section(runs, toy.pairs(), selective=CERT, coverages=[0.2, 1.0],
+                               reference="toy", out_dir=tmp_path, n_resamples=50)
     r = s.results["detectors"]["toy"]
     # 5 errors of 15 at full coverage; the 3 most confident traces are correct
     assert r["by_coverage"]["1.0"]["risk"] == pytest.approx(5 / 15)
@@ -189,11 +189,11 @@ def test_selective_section_explains_certified_runs_above_alpha():
 
     calib = {"d": [_run("calib", [False], n_items=60)]}
     bad = {"d": [_run("test", [True, True, True, False, False])]}
-    s = selective_risk_section(bad, None, calib=calib, selective=SelectiveConfig(), alphas=[0.25], n_resamples=0)
+    s = selective_risk_section(bad, None, calib=calib, selective=SelectiveConfig(alphas=(0.25,)), n_resamples=0)
     op = s.results["detectors"]["d"]["sgr"]["0.25"]["runs"][0]
     assert op["feasible"] and op["n_items"] == 60 and op["risk"] == pytest.approx(0.6)
     assert "failure event" in op["above_alpha"] and "failure event" in s.markdown
     noisy = {"d": [_run("test", [True] * 3 + [False] * 7, n_items=6)]}
-    s = selective_risk_section(noisy, None, calib=calib, selective=SelectiveConfig(), alphas=[0.25], n_resamples=0)
+    s = selective_risk_section(noisy, None, calib=calib, selective=SelectiveConfig(alphas=(0.25,)), n_resamples=0)
     op = s.results["detectors"]["d"]["sgr"]["0.25"]["runs"][0]
     assert op["risk"] == pytest.approx(0.3) and "sampling noise" in op["above_alpha"]

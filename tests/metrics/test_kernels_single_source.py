@@ -144,7 +144,7 @@ def test_item_bound_feeds_every_certificate(monkeypatch):
     assert selective.sgr([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], groups=["a", "b"]).bound_value == 0.125
     assert SelectiveConfig(0.1, 0.05, candidates=(0.5,)).threshold([0.9, 0.8], [1, 0], ["a", "b"]) == 0.5
     assert _main()["sgr"][0]["bound"] == 0.125
-    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), selective=toy.CERT, alphas=[0.7],
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), selective=toy.CERT,
                                  n_resamples=0).results["detectors"]["toy"]
     assert sec["sgr"]["0.7"]["bound"] == 0.125 and sec["by_coverage"]["1.0"]["bound"] == 0.125
     m = metrics.MetaFaithfulness(axes=["paraphrase"])

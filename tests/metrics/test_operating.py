@@ -99,7 +99,7 @@ def test_matched_coverage_in_the_selective_risk_table_follows_the_tie_rule():
     # toy seed 0: ρ sorted .95 .9 .9 .9 .8 .8 .8 .7 .7 .65 .6 .6 .6 .55 .55; κ = 0.7 → 11th largest = 0.6, tied
     # three times → 13 of 15 certified (i3/b, i3/p are not). Certified pairs: paraphrase i0 ok, i1 flips, i2 ok
     # (1/3); hint i0 ok, i2 flips (1/2); altering i0 ok, i1 fails, i2 ok (2/3). MFS = 13/15 · HM(7/12, 2/3).
-    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), match_coverage=0.7, n_resamples=0)
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), n_resamples=0)  # κ = 0.70
     matched = sec.results["detectors"]["toy"]["matched"]
     hm = 2 * (7 / 12) * (2 / 3) / (7 / 12 + 2 / 3)
     assert matched["mfs"]["estimate"] == pytest.approx(13 / 15 * hm)
@@ -157,11 +157,14 @@ def test_the_job_hands_its_sgr_node_to_the_appendix(monkeypatch):
 
     monkeypatch.setattr(appendix, "run_appendix", fake_run_appendix)
     cfg = OmegaConf.create({"bootstrap": {"appendix_resamples": 2, "seed": 0}, "workers": 1,
+                            "detectors": ["sift", "instance_level"],
                             "sgr": {"alpha": 0.2, "delta": 0.1, "bound": "normal", "candidates": [0.6, 0.9],
                                     "max_traces": 7}})
     faithshift_report.appendix_sections(cfg, {})
     want = SelectiveConfig(0.2, 0.1, "normal", (0.6, 0.9), 7)
     assert seen["label_noise"]["selective"] == want and seen["abstention"]["selective"] == want
+    assert seen["factorial"]["coverage"] == want.match_coverage
+    assert seen["stability_sensitivity"]["coverages"] == (None, want.match_coverage)
 
 
 def test_sgr_and_kappa_defaults_come_from_the_packaged_sgr_config():

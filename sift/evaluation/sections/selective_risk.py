@@ -91,20 +91,19 @@ def _mfs_at(rd: RunData, prow: np.ndarray, trow: np.ndarray, coverage: float) ->
 
 def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | None = None, *,
                            calib: dict[str, list[Predictions]] | None = None,
-                           selective: SelectiveConfig = DEFAULT_SGR, alphas: Sequence[float] | None = None,
-                           coverages: Sequence[float] = DEFAULT_COVERAGES, match_coverage: float | None = None,
+                           selective: SelectiveConfig = DEFAULT_SGR, coverages: Sequence[float] = DEFAULT_COVERAGES,
                            reference: str | None = None, out_dir: str | Path | None = None,
                            n_resamples: int = 1000, seed: int = 0, q: float = 0.05, key: str = "selective_risk",
                            table: PredictionTable | None = None,
                            title: str = "Certified selective risk and risk–coverage (Table 3, Fig. 9)") -> Section:
     """Paper Table 3 (a), App. C.7.1/C.7.3 and Fig. 9, for every detector row (mean over seeds):
 
-    * SGR at each α in ``alphas`` (default ``selective.alphas``; threshold t*, coverage, empirical risk, bound);
+    * SGR at each α in ``selective.alphas`` (threshold t*, coverage, empirical risk, bound);
     * selective risk at fixed coverages (the coverage-κ operating point of :mod:`sift.metrics.operating`: ρ ≥ the
       ⌈κn⌉-th largest ρ, ties included) with its one-sided upper bound (SGR's bound) at δ split over the
       coverages (Bonferroni);
     * risk–coverage curves of all detectors (PNG ``risk_coverage.png`` in ``out_dir``);
-    * the coverage-matched comparison at κ = ``match_coverage`` (default ``selective.match_coverage``): selective
+    * the coverage-matched comparison at κ = ``selective.match_coverage``: selective
       risk and MFS of every detector, and a
       paired cluster-bootstrap test of R_ref(κ) − R_other(κ) for the ``reference`` detector (the report passes
       the registry's reference detector; default: the first row) against every other row. p = 2·min(P*(d ≤ 0),
@@ -112,8 +111,7 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
       The paper smooths curves by monotone regression; here they are shown raw.
     """
     check_same_split(runs)
-    alphas = selective.alphas if alphas is None else tuple(alphas)
-    match_coverage = selective.match_coverage if match_coverage is None else float(match_coverage)
+    alphas, match_coverage = selective.alphas, selective.match_coverage
     rows = group_runs(runs)
     axes = preserving_axes(pairs)
     items = common_items([p for lst in rows.values() for p in lst])
