@@ -104,6 +104,7 @@ def test_matched_coverage_in_the_selective_risk_table_follows_the_tie_rule():
     hm = 2 * (7 / 12) * (2 / 3) / (7 / 12 + 2 / 3)
     assert matched["mfs"]["estimate"] == pytest.approx(13 / 15 * hm)
     assert matched["risk"]["estimate"] == pytest.approx(4 / 13)   # errors i1/p, i1/a, i3/a, i2/h
+    assert matched["coverage"] == pytest.approx(13 / 15)          # the realised κ, shown beside the nominal 0.70
 
 
 def test_infeasible_certificate_gives_zero_in_the_table_and_the_callback():
