@@ -33,7 +33,7 @@ def test_interrupted_appendix_resumes_from_finished_sections(tmp_path, monkeypat
 
     monkeypatch.setattr(appendix, "run_appendix", fake)
     cfg = OmegaConf.create({"workers": 1, "bootstrap": {"resamples": 10, "appendix_resamples": 10, "seed": 0},
-                            "sgr": {"alpha": 0.25, "delta": 0.05}})
+                            "sgr": {"alpha": 0.25, "delta": 0.05}, "detectors": ["sift", "instance_level"]})
     fail = {"on": True}
     with pytest.raises(KeyboardInterrupt):
         appendix_sections(cfg, {}, tmp_path / "sections", "key1")
