@@ -140,13 +140,17 @@ class RunData:
         trow = self.trace_index.rows(drawn) if self.trace_index is not None else np.arange(len(self))
         prow = self.pair_index.rows(drawn) if self.pair_index is not None else np.arange(self.n_pairs)
         out: dict[str, Any] = {"auroc": auroc_kernel(self.prob[trow], self.label[trow]) if trow.size else NAN}
-        full = self.at(OperatingPoint.full(), trow, prow)
-        pres = prow[self.p_axis[prow] >= 0]
+        pres, alt = self.pair_arrays(prow)
+
+        def at(point: OperatingPoint) -> OperatingMetrics:
+            return operating_metrics(point, self.rho[trow], self.verdict, self.rho, pres, alt, len(self.axes))
+
+        full = at(OperatingPoint.full())
         out.update(ivr_axes=full.ivr_axes, ivr=full.ivr, as_=full.as_, mfs=full.mfs,
-                   ivr_pooled=ivr_pooled(*ivr_update(self.verdict[self.p_src[pres]], self.verdict[self.p_dst[pres]],
-                                                     self.p_axis[pres], len(self.axes))))
+                   ivr_pooled=ivr_pooled(*ivr_update(self.verdict[pres.src], self.verdict[pres.dst], pres.axis,
+                                                     len(self.axes))))
         if self.sgr is not None:
-            cert = self.at(OperatingPoint.sgr(self.t_star, self.sgr.feasible), trow, prow)
+            cert = at(OperatingPoint.sgr(self.t_star, self.sgr.feasible))
             out.update(coverage=cert.coverage, cert_ivr=cert.ivr, cert_as=cert.as_, cert_mfs=cert.mfs,
                        feasible=float(self.sgr.feasible))
         return out

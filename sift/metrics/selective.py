@@ -244,12 +244,12 @@ def sgr(
 
 def _packaged_defaults() -> dict:
     """``configs/sgr/default.yaml``: the one place the SGR and matched-coverage defaults are written."""
-    import yaml
+    from omegaconf import OmegaConf
 
     from sift.resources import config_dir
 
     path = config_dir() / "sgr" / "default.yaml"
-    values = yaml.safe_load(path.read_text())
+    values = OmegaConf.to_container(OmegaConf.load(path))
     missing = sorted({"alpha", "delta", "bound", "alphas", "match_coverage"} - set(values or {}))
     if missing:
         raise SiftError(f"{path}: missing key(s) {missing}")
