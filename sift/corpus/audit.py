@@ -2,9 +2,10 @@
 
 One place defines, for any corpus (organism or real LM),
 
-* the **matched-text slice** (:func:`matched_slice`): on base and preserving traces, the prompt carries a cue
-  whose value differs from the gold answer and the answer equals the cue. There the text looks alike for both
-  mechanisms (a cued, wrong answer), so only the mechanism can tell φ* apart;
+* the **matched-text slice** (:func:`mark_matched_slice`): on the organism, the base and preserving traces whose
+  twin (the same prompt generated under the other mechanism latent) wrote the same ids, so the text is the same
+  under both labels; on a real LM, the base and preserving traces whose prompt carries a cue that differs from
+  the gold answer and whose answer equals the cue (the text looks alike for both mechanisms);
 * the inputs of the **controls**: prompt + CoT text (``text_bow``), structured surface features
   (``surface``, :data:`SURFACE_FEATURES`) and the prompt's final hidden state (``prompt_probe``), with the
   scikit-learn estimators the detectors of :mod:`sift.detectors.controls` fit; and, for the audit, the
@@ -101,31 +102,50 @@ def stated_result(cot: Any) -> str | None:
 
 
 def matched_slice(record: Mapping[str, Any]) -> bool:
-    """True on a base or preserving trace when the prompt carries a cue that differs from the gold answer and
-    the answer equals the cue. For a trace whose mechanism is a latent that never enters the token stream (the
-    organism v3, ``record["latent"]``) the slice is where both mechanisms write the same text: the CoT's stated
-    result equals the answer, which is the cue (cue ≠ gold) or, without a cue, whatever the CoT computed. The
-    stated-result condition keeps the slice from selecting on the mechanism: where a bent CoT misses the cue,
-    only the cue follower answers the cue, so "answer = cue" alone would admit those traces under one mechanism
-    only. Altering traces are left out: their construction edits the text to set the label (a decisive cue, the
-    ``explain`` header, a cut CoT), so there the text does not look alike."""
-    from sift.corpus.axes import AXES
-
-    axis = AXES.get(str(record.get("condition")))
-    if axis is not None and axis.kind == "altering":
+    """The per-trace rule of the slice for a corpus without twins (a real LM's): a base or preserving trace whose
+    prompt carries a cue that differs from the gold answer and whose answer equals the cue, so the text looks
+    alike for both mechanisms. Altering traces are left out: their construction edits the text to set the label
+    (a decisive cue, the ``explain`` header, a cut CoT). The organism's twins use :func:`mark_matched_slice`."""
+    if not _base_or_preserving(record):
         return False
     cue, gold, ans = cue_value(record), _norm(record.get("gold_answer")), _norm(record.get("answer"))
-    if record.get("latent"):
-        if ans is None or stated_result(record.get("cot")) != ans:
-            return False
-        return cue is None or (gold is not None and cue != gold and ans == cue)
     return cue is not None and gold is not None and ans is not None and cue != gold and ans == cue
 
 
-def mark_matched_slice(records: Iterable[dict]) -> None:
-    """Set ``record["matched_slice"]`` (bool) on every record, in place."""
+def _base_or_preserving(record: Mapping[str, Any]) -> bool:
+    from sift.corpus.axes import AXES
+
+    axis = AXES.get(str(record.get("condition")))
+    return axis is None or axis.kind != "altering"
+
+
+def twin_text_matches(records: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
+    """Trace id → whether the trace is in the organism's matched slice: a base or preserving trace whose twin (the
+    same prompt generated under the other mechanism latent, ``record["twin"]``) wrote the same ids, both twins
+    labelled. There the text is the same under both labels *by construction*, so any function of the text
+    scores a twin pair alike and has AUROC 0.5 on the slice's pairs whose labels differ."""
+    by_twin: dict[str, list[Mapping[str, Any]]] = {}
     for r in records:
-        r["matched_slice"] = matched_slice(r)
+        if r.get("twin"):
+            by_twin.setdefault(str(r["twin"]), []).append(r)
+    out: dict[str, bool] = {}
+    for group in by_twin.values():
+        ok = (len(group) == 2 and len({int(r["latent"]["mechanism"]) for r in group}) == 2
+              and all(_base_or_preserving(r) and r.get("phi") is not None for r in group)
+              and group[0]["prompt_ids"] == group[1]["prompt_ids"]
+              and group[0]["generated_ids"] == group[1]["generated_ids"])
+        for r in group:
+            out[str(r["trace_id"])] = ok
+    return out
+
+
+def mark_matched_slice(records: Iterable[dict]) -> None:
+    """Set ``record["matched_slice"]`` (bool) on every record, in place: the twin rule
+    (:func:`twin_text_matches`) for traces with a twin, else the per-trace rule (:func:`matched_slice`)."""
+    records = list(records)
+    twins = twin_text_matches(records)
+    for r in records:
+        r["matched_slice"] = twins[str(r["trace_id"])] if r.get("twin") else matched_slice(r)
 
 
 def in_matched_slice(record: Mapping[str, Any]) -> bool:

@@ -86,6 +86,28 @@ def parse_failures(records: list[dict]) -> dict[str, Any]:
             "forced_at_limit": forced}
 
 
+def twin_summary(records: list[dict]) -> dict[str, Any] | None:
+    """The organism's twins (one prompt generated under both mechanism latents), over base and preserving
+    prompts: how many pairs, the share whose twins wrote the same ids, the share with both twins labelled and,
+    of those, the share whose labels differ (the latent decided the label). None for a corpus without twins."""
+    from sift.corpus.audit import _base_or_preserving
+
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("twin") and _base_or_preserving(r):
+            groups.setdefault(str(r["twin"]), []).append(r)
+    pairs = [g for g in groups.values() if len(g) == 2]
+    if not pairs:
+        return None
+    same = [g[0]["generated_ids"] == g[1]["generated_ids"] and g[0]["prompt_ids"] == g[1]["prompt_ids"] for g in pairs]
+    both = [g for g in pairs if all(r["phi"] is not None for r in g)]
+    opposite = sum(g[0]["phi"] != g[1]["phi"] for g in both)
+    return {"pairs": len(pairs), "identical_ids": round(float(np.mean(same)), 4),
+            "both_labelled": round(len(both) / len(pairs), 4),
+            "opposite_labels": round(opposite / len(both), 4) if both else None,
+            "differing_ids": [g[0]["twin"] for g, s in zip(pairs, same) if not s][:20]}
+
+
 def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_hash: str, seconds: float,
                    chunks_reused: int = 0, prompt_states: dict | None = None,
                    prompt_states_reason: str | None = None, audit: bool = True) -> dict[str, Any]:
@@ -146,6 +168,7 @@ def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_
         "clean_accuracy": {k: round(float(np.mean(v)), 4) for k, v in sorted(acc.items())},
         "shortcuts": shortcut_aurocs(records),
         "matched_slice": slice_summary(records),
+        "twins": twin_summary(records),
         "controls_audit": (control_audit(records, prompt_states, prompt_states_reason=prompt_states_reason)
                            if audit else None),
     }

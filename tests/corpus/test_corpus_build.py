@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from sift.corpus.config import OrganismCorpusConfig
@@ -52,26 +53,39 @@ def test_labels_follow_the_interventions(small_corpus):
     assert trunc and sum(t["phi"] == 0 for t in trunc) >= 0.8 * len(trunc)
 
 
-def test_the_latent_decides_the_label_and_uncued_traces_get_both(small_corpus):
-    """Organism v3: every trace records its mechanism latent, shared by all views of an item and both families;
-    the verified label is the one the latent intends; uncued base and preserving traces take both labels, and
-    they are in the matched slice (both mechanisms write the same text there)."""
-    _, out, _ = small_corpus
+def test_the_latent_decides_the_label_and_every_prompt_has_twins(small_corpus):
+    """Every base and preserving prompt is generated under both mechanism latents (twins sharing the random
+    stream); the verified label is the one the latent intends; twins write the same ids, so they form the matched
+    slice, and there the text is distributed alike under both labels: any function of the text (here the exact
+    text itself, the strongest possible memoriser) has AUROC 0.5."""
+    from sift.metrics.classification import auroc_kernel
+
+    _, out, manifest = small_corpus
     traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
-    by_item: dict = {}
+    twins: dict = {}
     for t in traces:
         mech = t["latent"]["mechanism"]
         assert mech in (0, 1) and t["latent"]["value"] == (1.0 if mech else -1.0)
-        by_item.setdefault(t["base_item"], set()).add(t["latent"]["mechanism"])
-    assert all(len(m) == 1 for m in by_item.values())
+        assert t["trace_id"] == f"{t['twin']}|m{mech}"
+        twins.setdefault(t["twin"], {})[mech] = t
+    kinds = {"base", "paraphrase", "step_reordering", "hint_format", "language", "budget"}
+    for key, pair in twins.items():
+        if key.split("|")[2] in kinds:
+            assert set(pair) == {0, 1}, key  # both mechanisms on every base and preserving prompt
     labelled = [t for t in traces if t["phi"] is not None]
     assert sum(t["phi"] == t["intended_phi"] for t in labelled) >= 0.95 * len(labelled)
-    uncued = [t for t in labelled if t["cue"] is None and t["condition"] in ("base", "paraphrase", "language",
-                                                                              "budget", "step_reordering")]
-    assert {t["phi"] for t in uncued} == {0, 1}
-    assert all(t["matched_slice"] for t in uncued)
-    epi = [t for t in uncued if t["phi"] == 0]
-    assert all("not load-bearing" in t["verification"]["reason"] and t["correct"] for t in epi)
+    sl = [t for t in labelled if t["matched_slice"]]
+    bp = [t for t in labelled if t["condition"] in kinds]
+    assert len(sl) >= 0.95 * len(bp)
+    assert {t["phi"] for t in sl if t["cue"] is None} == {0, 1} and {t["phi"] for t in sl if t["cue"]} == {0, 1}
+    opposite = [t for t in sl if {u["phi"] for u in twins[t["twin"]].values()} == {0, 1}]
+    assert len(opposite) >= 0.95 * len(sl)
+    text: dict = {}
+    score = [float(text.setdefault((tuple(t["prompt_ids"]), tuple(t["generated_ids"])), len(text))) for t in opposite]
+    assert auroc_kernel(np.array(score), np.array([t["phi"] for t in opposite])) == pytest.approx(0.5, abs=1e-12)
+    epi = [t for t in sl if t["cue"] is None and t["phi"] == 0]
+    assert epi and all("not load-bearing" in t["verification"]["reason"] and t["correct"] for t in epi)
+    assert manifest["twins"]["identical_ids"] >= 0.95
 
 
 def test_rerun_reuses_every_chunk(small_corpus):

@@ -46,12 +46,18 @@ def test_matched_slice_flag_on_hand_made_records():
     assert not matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", condition="cue_injection"))  # altering
     assert matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", condition="paraphrase"))
     assert matched_slice(rec(cue=cue("True"), answer="true ", gold_answer="false"))  # normalised
-    lat = {"mechanism": 0, "value": -1.0}  # organism v3: the slice also asks for the CoT's stated result = answer
-    assert matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", cot="4 + 3 = 7 ;", latent=lat))
-    assert not matched_slice(rec(cue=cue("7"), answer="7", gold_answer="5", cot="4 + 1 = 5 ;", latent=lat))
-    assert matched_slice(rec(cue=None, answer="5", gold_answer="5", cot="4 + 1 = 5 ;", latent=lat))  # uncued
-    assert not matched_slice(rec(cue=None, answer="6", gold_answer="5", cot="4 + 1 = 5 ;", latent=lat))
-    assert matched_slice(rec(cue=cue("b"), answer="b", gold_answer="c", cot="c 7 yes ; so b ;", latent=lat))
+    # the organism's twins: in the slice iff both twins of a base/preserving prompt wrote the same ids, both labelled
+    def twin(tid, key, mech, gen, phi=1, condition="base"):
+        return rec(trace_id=tid, twin=key, latent={"mechanism": mech, "value": 1.0 if mech else -1.0},
+                   prompt_ids=[1, 2], generated_ids=gen, phi=phi, condition=condition, cue=None)
+
+    tw = [twin("p|m1", "p", 1, [3, 4]), twin("p|m0", "p", 0, [3, 4], phi=0),           # same ids: in
+          twin("q|m1", "q", 1, [3, 4]), twin("q|m0", "q", 0, [3, 5], phi=0),           # ids differ: out
+          twin("r|m1", "r", 1, [3, 4]), twin("r|m0", "r", 0, [3, 4], phi=None),        # one twin ambiguous: out
+          twin("s|m1", "s", 1, [3], phi=0, condition="cue_injection"),                 # altering: out
+          twin("u|m1", "u", 1, [3, 4])]                                                # no twin: out
+    mark_matched_slice(tw)
+    assert [r["matched_slice"] for r in tw] == [True, True, False, False, False, False, False, False]
     rs = [rec(trace_id="a", cue=cue("7"), answer="7", gold_answer="5", phi=0),
           rec(trace_id="b", cue=cue("7"), answer="7", gold_answer="5", phi=1),
           rec(trace_id="c", cue=cue("7"), answer="7", gold_answer="5", phi=0),

@@ -25,12 +25,14 @@ from sift.corpus.sources import register_source
 from sift.corpus.store import run_chunks, write_corpus
 from sift.corpus.verify import label_records
 from sift.organism.domains import Item, make_item
-from sift.organism.latent import draw_mechanism, record_latent
+from sift.organism.latent import latent_value, record_latent
 from sift.organism.render import OPENERS, View, intended_phi, opener_of
 from sift.organism.source import HINT_WORDS, OrganismSource, last_value_index, split_completion, value_space
 from sift.provenance import config_hash, model_fingerprint
 
-PIPELINE_VERSION = 4  # bump when generation or verification changes, so stale chunks are not reused
+PIPELINE_VERSION = 5  # bump when generation or verification changes, so stale chunks are not reused
+#: every base item is generated under both mechanism latents (twins): 1 (the CoT is read), then 0
+MECHANISMS = (1, 0)
 
 
 def corpus_items(cfg: OrganismCorpusConfig) -> list[Item]:
@@ -45,14 +47,25 @@ def _view_dict(v: View) -> dict:
     return d
 
 
+def twin_key(family: str, item_id: str, condition: str, seed: int) -> str:
+    """What a trace's twins share: the trace id without its mechanism (``gpt2|arithmetic-0-00001|base|0``)."""
+    return f"{family}|{item_id}|{condition}|{seed}"
+
+
+def trace_id(family: str, item_id: str, condition: str, seed: int, mechanism: int) -> str:
+    """``<twin key>|m<mechanism>``: the twins of one prompt differ only in the last field."""
+    return f"{twin_key(family, item_id, condition, seed)}|m{mechanism}"
+
+
 def _trace_record(src: OrganismSource, item: Item, view: View, condition: str, prompt_ids: list[int],
-                  new_ids: list[int], cfg: OrganismCorpusConfig, chash: str, truncated: bool) -> dict:
+                  new_ids: list[int], cfg: OrganismCorpusConfig, chash: str, truncated: bool,
+                  mechanism: int) -> dict:
     words = src.words(new_ids)
     cot, answer = split_completion(words)
     opener = opener_of(cot)
-    mechanism = item_mechanism(cfg, item)
     return {
-        "trace_id": f"{src.family}|{item.item_id}|{condition}|{cfg.seed}",
+        "trace_id": trace_id(src.family, item.item_id, condition, cfg.seed, mechanism),
+        "twin": twin_key(src.family, item.item_id, condition, cfg.seed),
         "base_item": item.item_id, "domain": item.domain, "model": src.model_id, "family": src.family,
         "condition": condition, "seed": cfg.seed, "view": _view_dict(view),
         "prompt": " ".join(src.words(prompt_ids[1:])), "prompt_ids": prompt_ids, "generated_ids": new_ids,
@@ -90,7 +103,7 @@ def verify_traces(src: OrganismSource, records: list[dict], items: dict[str, Ite
         if j is not None:
             # the edit must differ from the stated value and the answer; it avoids the cue's value where the
             # space allows (booleans do not: the separate cue test then disambiguates)
-            space, salt = value_space(cot[j]), f"edit:{r['trace_id']}"
+            space, salt = value_space(cot[j]), f"edit:{_salt_key(r)}"
             must = {cot[j], r["answer"] or ""}
             new = _pick(space, must | {(r["cue"] or {}).get("value", "")}, salt) or _pick(space, must, salt)
             if new is not None:
@@ -107,6 +120,12 @@ def verify_traces(src: OrganismSource, records: list[dict], items: dict[str, Ite
     cue_out = _redecode(src, records, cue_jobs)
     label_records(records, [(k, new, got) for (k, new, _, _), got in zip(edit_jobs, edit_out)],
                   [(k, new, got) for (k, new, _, _), got in zip(cue_jobs, cue_out)])
+
+
+def _salt_key(record: dict) -> str:
+    """The key of a trace's intervention draws: its twin key, so both twins of a prompt get the same edit and cue
+    change (only the latent differs between them); the trace id for records without one."""
+    return str(record.get("twin") or record["trace_id"])
 
 
 def _redecode(src: OrganismSource, records: list[dict], jobs: list[tuple[int, str, list[int], int]]) -> list[str]:
@@ -132,70 +151,73 @@ def item_stream(cfg: OrganismCorpusConfig, item: Item) -> str:
     return f"{cfg.stream_seed}:{item.item_id}"
 
 
-def item_mechanism(cfg: OrganismCorpusConfig, item: Item) -> int:
-    """The mechanism latent of an item's traces under the corpus's sampling seed (sift.organism.latent)."""
-    return draw_mechanism(item_stream(cfg, item))
-
-
-def _generate(src: OrganismSource, jobs: list[tuple[Item, View, str]], cfg: OrganismCorpusConfig,
+def _generate(src: OrganismSource, jobs: list[tuple[Item, View, str, int]], cfg: OrganismCorpusConfig,
               chash: str) -> list[dict]:
-    prompts = [src.prompt_ids(it, v) for it, v, _ in jobs]
+    """Generate ``(item, view, condition, mechanism)`` jobs: the item's random stream drives the draws, the
+    mechanism only the latent, so twins make the same draws."""
+    prompts = [src.prompt_ids(it, v) for it, v, _, _ in jobs]
     outs = src.generate(prompts, max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample, seed=cfg.stream_seed,
-                        batch_size=cfg.batch_size, streams=[item_stream(cfg, it) for it, _, _ in jobs],
-                        top_p=cfg.top_p, latents=[record_latent(item_mechanism(cfg, it))["value"] for it, _, _ in jobs])
-    return [_trace_record(src, it, v, c, p, o, cfg, chash, False) for (it, v, c), p, o in zip(jobs, prompts, outs)]
+                        batch_size=cfg.batch_size, streams=[item_stream(cfg, it) for it, *_ in jobs],
+                        top_p=cfg.top_p, latents=[latent_value(m) for *_, m in jobs])
+    return [_trace_record(src, it, v, c, p, o, cfg, chash, False, m)
+            for (it, v, c, m), p, o in zip(jobs, prompts, outs)]
 
 
 def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: OrganismCorpusConfig,
                 chash: str) -> list[dict]:
-    """Every condition of ``items`` for every family, verified.
+    """Every condition of ``items`` for every family and both mechanisms (:data:`MECHANISMS`), verified.
 
-    Phase 1 generates the base and the preserving views; the altering views follow for the bases whose
-    intended label (which depends on the item's mechanism latent) is the axis's source label.
+    Each prompt is generated twice from the same random stream, once under each mechanism latent: the *twins*
+    write the same ids (the organism is trained to), so on base and preserving traces the text is distributed
+    alike under both labels by construction. Phase 1 generates the base and the preserving views; the altering
+    views follow for the twins whose intended label is the axis's source label.
     """
     records: list[dict] = []
     item_map = {it.item_id: it for it in items}
     for src in sources.values():
-        jobs = []  # (item, view, condition)
+        jobs = []  # (item, view, condition, mechanism)
         bases = {it.item_id: base_view(it, cfg.seed, cfg.cue) for it in items}
         for it in items:
             for cond in generated_axes(("base", "preserving")):
                 v = condition_view(it, bases[it.item_id], cond, cfg.seed) if cond in cfg.conditions else None
                 if v is not None:
-                    jobs.append((it, v, cond))
+                    jobs += [(it, v, cond, m) for m in MECHANISMS]
         fam_records = _generate(src, jobs, cfg, chash)
-        views = [v for _, v, _ in jobs]
-        base_out = {r["base_item"]: (r, v) for r, v in zip(fam_records, views) if r["condition"] == "base"}
+        views = [v for _, v, _, _ in jobs]
+        base_out = {(r["base_item"], r["latent"]["mechanism"]): (r, v)
+                    for r, v in zip(fam_records, views) if r["condition"] == "base"}
         alter = []
         for it in items:
-            if it.item_id not in base_out:
-                continue
-            phi = base_out[it.item_id][0]["intended_phi"]
-            for cond in generated_axes(("altering",)):
-                v = condition_view(it, bases[it.item_id], cond, cfg.seed, phi) if cond in cfg.conditions else None
-                if v is not None:
-                    alter.append((it, v, cond))
+            for m in MECHANISMS:
+                if (it.item_id, m) not in base_out:
+                    continue
+                phi = base_out[(it.item_id, m)][0]["intended_phi"]
+                for cond in generated_axes(("altering",)):
+                    v = condition_view(it, bases[it.item_id], cond, cfg.seed, phi) if cond in cfg.conditions else None
+                    if v is not None:
+                        alter.append((it, v, cond, m))
         fam_records += _generate(src, alter, cfg, chash)
-        views += [v for _, v, _ in alter]
+        views += [v for _, v, _, _ in alter]
         if "causal_truncation" in cfg.conditions:
             trunc, tviews = [], []
             for it in items:
-                if it.item_id not in base_out:
-                    continue
-                r, v = base_out[it.item_id]
-                if condition_view(it, v, "causal_truncation", cfg.seed, r["intended_phi"]) is None:
-                    continue
-                cut = truncate_cot(src, it, r["generated_ids"])
-                if cut is None:
-                    continue
-                trunc.append((it, v, r["prompt_ids"], cut))
-                tviews.append(v)
-            answers = src.next_word([p + c + src.ids(["answer", ":"]) for _, _, p, c in trunc],
-                                    latents=[record_latent(item_mechanism(cfg, it))["value"] for it, *_ in trunc],
-                                    starts=[len(p) for _, _, p, _ in trunc])
-            for (it, v, p, cut), a in zip(trunc, answers):
+                for m in MECHANISMS:
+                    if (it.item_id, m) not in base_out:
+                        continue
+                    r, v = base_out[(it.item_id, m)]
+                    if condition_view(it, v, "causal_truncation", cfg.seed, r["intended_phi"]) is None:
+                        continue
+                    cut = truncate_cot(src, it, r["generated_ids"])
+                    if cut is None:
+                        continue
+                    trunc.append((it, v, r["prompt_ids"], cut, m))
+                    tviews.append(v)
+            answers = src.next_word([p + c + src.ids(["answer", ":"]) for _, _, p, c, _ in trunc],
+                                    latents=[latent_value(m) for *_, m in trunc],
+                                    starts=[len(p) for _, _, p, _, _ in trunc])
+            for (it, v, p, cut, m), a in zip(trunc, answers):
                 new_ids = cut + src.ids(["answer", ":", a]) if a in src.tokenizer.get_vocab() else cut
-                fam_records.append(_trace_record(src, it, v, "causal_truncation", p, new_ids, cfg, chash, True))
+                fam_records.append(_trace_record(src, it, v, "causal_truncation", p, new_ids, cfg, chash, True, m))
             views += tviews
         verify_traces(src, fam_records, item_map, views)
         records += fam_records
@@ -204,26 +226,31 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Orga
 
 def labels_across_seeds(sources: dict[str, OrganismSource], items: list[Item], cfg: OrganismCorpusConfig,
                         seeds: list[int]) -> dict[str, Any]:
-    """Regenerate and verify each base prompt under several sampling seeds: how often one prompt gives both
-    labels (the mechanism is drawn per sample, not fixed by the prompt)."""
+    """Regenerate and verify each base prompt's twins under several sampling seeds: how often one prompt gives
+    both labels, and how often its twins write the same ids (the text-blindness the corpus rests on)."""
     from dataclasses import replace
 
     item_map = {it.item_id: it for it in items}
-    bases = [(it, base_view(it, cfg.seed, cfg.cue), "base") for it in items]
-    cued = {it.item_id for it, v, _ in bases if v.cue_value is not None}
+    bases = [(it, base_view(it, cfg.seed, cfg.cue), "base", m) for it in items for m in MECHANISMS]
+    cued = {it.item_id for it, v, _, _ in bases if v.cue_value is not None}
     out: dict[str, Any] = {"seeds": list(seeds), "prompts": len(items), "cued_prompts": len(cued), "families": {}}
     for fam, src in sources.items():
         labels: dict[str, set] = {}
+        same, n_twins = 0, 0
         for s in seeds:
             recs = _generate(src, bases, replace(cfg, sampling_seed=s), "audit")
-            verify_traces(src, recs, item_map, [v for _, v, _ in bases])
+            verify_traces(src, recs, item_map, [v for _, v, _, _ in bases])
             for r in recs:
                 if r["phi"] is not None:
                     labels.setdefault(r["base_item"], set()).add(r["phi"])
+            for a, b in zip(recs[0::2], recs[1::2]):  # MECHANISMS order: the twins of a prompt are adjacent
+                n_twins += 1
+                same += a["generated_ids"] == b["generated_ids"]
         both = {k for k, v in labels.items() if len(v) == 2}
         out["families"][fam] = {"share_both": round(len(both) / max(1, len(items)), 4),
                                 "share_both_cued": round(len(both & cued) / max(1, len(cued)), 4),
-                                "share_phi0": round(sum(0 in v for v in labels.values()) / max(1, len(items)), 4)}
+                                "share_phi0": round(sum(0 in v for v in labels.values()) / max(1, len(items)), 4),
+                                "twins_identical_ids": round(same / max(1, n_twins), 4)}
     fams = out["families"].values()
     out["share_both"] = round(sum(f["share_both"] for f in fams) / max(1, len(out["families"])), 4)
     return out
