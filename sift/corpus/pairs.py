@@ -18,7 +18,8 @@ def build_pairs(records: list[dict], families: Sequence[str], conditions: Sequen
     the other's, under the same mechanism)."""
     by_key = {(r["family"], r["base_item"], r["condition"], mechanism_of(r)): r for r in records}
     pairs = []
-    units = sorted({(r["base_item"], mechanism_of(r)) for r in records}, key=lambda k: (k[0], -1 if k[1] is None else k[1]))
+    units = sorted({(r["base_item"], mechanism_of(r)) for r in records},
+                   key=lambda k: (k[0], -1 if k[1] is None else k[1]))
     for item, m in units:
         for fam in families:
             base = by_key.get((fam, item, "base", m))
