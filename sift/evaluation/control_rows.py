@@ -9,7 +9,8 @@
   columns (so the number of test items is the same in every replicate), and computes both AUROCs on that
   resample. A detector whose CI does not lie above 0 is flagged.
 * :func:`matched_slice_section`: every detector's and control's AUROC, IVR, AS and MFS on the matched-text slice
-  (:func:`sift.corpus.audit.matched_slice`): traces in the slice for the AUROC; pairs with at least one trace in
+  (the corpus's ``matched_slice`` flags, :func:`sift.corpus.audit.mark_matched_slice`): traces in the slice
+  for the AUROC; pairs with at least one trace in
   the slice for IVR and AS.
 """
 
@@ -208,8 +209,9 @@ def matched_slice_section(runs: Mapping[str, Sequence[Predictions]], pairs: Pair
                    n_altering_pairs=n_alt)
         results["detectors"][row] = res
         md_rows.append([row, n_tr[0] if n_tr else 0, *(fmt_cell(res[n]) for n in ("auroc", "ivr", "as", "mfs"))])
-    md = [f"Traces whose prompt carries a cue that differs from the gold answer and whose answer equals the cue: "
-          f"there the text looks alike for both mechanisms. {len(slice_ids)} traces of the corpus are in the slice; "
+    md = [f"Traces whose text looks alike for both mechanisms (organism: the twins, one prompt generated under both "
+          f"mechanism latents, that wrote the same ids; real LM: a cue ≠ gold that the answer follows). "
+          f"{len(slice_ids)} traces of the corpus are in the slice; "
           f"AUROC on the slice's traces of the evaluated split, IVR/AS/MFS (full coverage) on verified pairs with at "
           f"least one trace in it; {n_resamples} cluster-bootstrap resamples over base items (95 % CI).", "",
           markdown_table(["Detector", "Traces", "AUROC", "IVR", "AS", "MFS"], with_group_rows(md_rows))]

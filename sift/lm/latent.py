@@ -17,10 +17,10 @@ What follows by construction:
 * the CoT positions' states carry ``z`` (it is in their residual stream), so the mechanism is readable from the
   hidden states and from nothing in the text.
 
-``z`` is drawn per trace from the item's random stream (:func:`draw_mechanism`), so every view of an item and
-both families share it, and another sampling seed draws anew. It is recorded in the trace (``latent``) and
-replayed by every later forward pass over the trace: verification, extraction, interventions, companion metrics
-(:func:`replay` / :func:`injected`).
+Every base and preserving prompt of the organism's corpus is generated under both values of ``z`` from the same
+random stream (*twins*, :mod:`sift.corpus.sources.organism`), so the text is distributed alike under both labels.
+``z`` is recorded in the trace (``latent``) and replayed by every later forward pass over the trace:
+verification, extraction, interventions, companion metrics (:func:`replay` / :func:`injected`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 
 Every item is a pure function of ``(domain, seed, index)`` and carries a base-item id. Difficulty knob:
 the number of operations ``n_ops`` (2 or 3). Nothing about an item decides the organism's mechanism: that
-is a latent drawn per trace (sift.organism.latent).
+is a latent outside the token stream, and the corpus generates every prompt under both (sift.organism.latent).
 """
 
 from __future__ import annotations

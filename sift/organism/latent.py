@@ -19,8 +19,9 @@ from sift.lm.latent import (  # noqa: F401  (re-exported: the organism's one imp
 
 
 def draw_mechanism(stream: str) -> int:
-    """The mechanism of one trace from its item's random stream: 1 (answer read from the CoT) or 0, each with
-    probability ½ (platform independent)."""
+    """A mechanism drawn from a random stream: 1 (answer read from the CoT) or 0, each with probability ½
+    (platform independent). The toy trajectories draw one per item; the organism's corpus generates both
+    (twins, :data:`sift.corpus.sources.organism.MECHANISMS`)."""
     from sift.organism.sampling import stream_uniform
 
     return int(stream_uniform(f"{stream}|mechanism", 0) < 0.5)
