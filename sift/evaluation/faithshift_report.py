@@ -168,8 +168,9 @@ def corpus_section(corpus_dir: Path, shapes: dict[str, Any] | None = None) -> Se
           + markdown_table(["axis", "kind", "built", "verified", "kept"], rows))
     sl, audit = m.get("matched_slice"), m.get("controls_audit")
     if sl:
-        md += (f"\n\nMatched-text slice (cue ≠ gold, answer = cue): {sl['verified']} verified traces "
-               f"({sl['fraction_of_verified']} of verified), φ*=0 share {sl['phi_0_fraction']}.")
+        md += (f"\n\nMatched-text slice (organism: twins with the same ids; real LM: cue ≠ gold, answer = cue): "
+               f"{sl['verified']} verified traces ({sl['fraction_of_verified']} of verified), "
+               f"φ*=0 share {sl['phi_0_fraction']}.")
     if audit:
         from sift.corpus.audit import audit_table
 
