@@ -48,14 +48,15 @@ def test_a_new_axis_reaches_the_manifest_and_the_evaluation(name_swap, tmp_path)
     manifest = run_corpus(cfg, progress=False)
     traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     base = {t["base_item"]: t for t in traces if t["condition"] == "base"}
-    swapped = [t for t in traces if t["condition"] == "name_swap"]
-    assert len(swapped) == 8 and all(t["view"]["name"] != base[t["base_item"]]["view"]["name"] for t in swapped)
+    swapped = [t for t in traces if t["condition"] == "name_swap"]  # 8 items × both mechanism latents (twins)
+    assert len(swapped) == 16 and all(t["view"]["name"] != base[t["base_item"]]["view"]["name"] for t in swapped)
     pairs = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
     mine = [p for p in pairs if p["axis"] == "name_swap"]
-    assert len(mine) == 8 and all(p["kind"] == "preserving" for p in mine)
+    assert len(mine) == 16 and all(p["kind"] == "preserving" for p in mine)
+    assert all(p["source"].rsplit("|", 1)[1] == p["shifted"].rsplit("|", 1)[1] for p in mine)  # one latent a pair
     assert all(p["verified"] == (p["phi_source"] == p["phi_shifted"] is not None) for p in mine)
     axis = manifest["axes"]["name_swap"]
-    assert axis["kind"] == "preserving" and axis["built"] == 8
+    assert axis["kind"] == "preserving" and axis["built"] == 16
     assert axis["verified"] == sum(p["verified"] for p in mine) > 0
     assert preserving_axes(Pairs.from_corpus(out)) == ["paraphrase", "name_swap"]
 
