@@ -111,3 +111,39 @@ def test_text_sift_trains_on_the_corpus_tokens_and_reloads(traj, tmp_path):
     assert out["prob"].shape[0] == len(dm.dataset("test"))
     again = load_detector(rec["best_ckpt"]).predict_loader(dm.test_dataloader())
     torch.testing.assert_close(out["prob"], again["prob"])
+
+
+def test_slice_auroc_script_matches_the_run_and_counts_the_slice(traj, tmp_path):
+    """scripts/slice_auroc.py: per split, the AUROC of the run's best checkpoint (the run's own test/auroc) and the
+    AUROC over the split's traces that the corpus puts in the matched slice."""
+    import importlib.util
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    from sift.corpus.audit import in_matched_slice
+    from sift.detectors.module import load_detector
+    from sift.metrics.classification import auroc_kernel
+    from sift.training import setup_data, train
+    from sift.trajectories import cache as C
+
+    root, _ = traj
+    rec = train(_cfg(root, "text_bow", tmp_path / "run"))
+    path = Path(__file__).resolve().parents[2] / "scripts" / "slice_auroc.py"
+    spec = importlib.util.spec_from_file_location("slice_auroc", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.slice_aurocs(tmp_path / "run")
+    assert res["test"]["auroc"] == pytest.approx(rec["metrics"]["test/auroc"], abs=1e-4)
+    recs = {r["trace_id"]: r for r in C.iter_records(root / "corpus" / "traces.jsonl")}
+    dm = setup_data(OmegaConf.create(rec["config"]))  # the run's own splits
+    dm.setup()
+    out = load_detector(rec["best_ckpt"]).predict_loader(dm.test_dataloader())
+    prob = {t: p for t, p in zip(map(str, out["trace_id"]), out["prob"].numpy().tolist())
+            if recs[t]["phi"] is not None}  # predictions keep the labelled traces
+    in_slice = [t for t in prob if in_matched_slice(recs[t])]
+    assert res["test"]["n"] == len(prob) and res["test"]["slice_n"] == len(in_slice) > 0
+    assert len({recs[t]["phi"] for t in in_slice}) == 2
+    want = auroc_kernel(np.array([prob[t] for t in in_slice]), np.array([recs[t]["phi"] for t in in_slice]))
+    assert res["test"]["slice_auroc"] == pytest.approx(want, abs=1e-4)
+    assert mod.main([str(tmp_path / "nowhere")]) == 2  # not a run folder: one line, exit 2
