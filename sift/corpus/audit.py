@@ -95,47 +95,57 @@ def cue_value(record: Mapping[str, Any]) -> str | None:
     return _norm(cue.get("value")) if isinstance(cue, Mapping) else None
 
 
-def stated_result(cot: Any) -> str | None:
-    """The organism CoT's stated result: the last word of its last step (``... = 6 ;`` → 6, ``so b ;`` → b)."""
-    words = [w for w in str(cot or "").split() if w != ";"]
-    return _norm(words[-1]) if words else None
-
-
 def matched_slice(record: Mapping[str, Any]) -> bool:
     """The per-trace rule of the slice for a corpus without twins (a real LM's): a base or preserving trace whose
     prompt carries a cue that differs from the gold answer and whose answer equals the cue, so the text looks
     alike for both mechanisms. Altering traces are left out: their construction edits the text to set the label
     (a decisive cue, the ``explain`` header, a cut CoT). The organism's twins use :func:`mark_matched_slice`."""
-    if not _base_or_preserving(record):
+    if not base_or_preserving(record):
         return False
     cue, gold, ans = cue_value(record), _norm(record.get("gold_answer")), _norm(record.get("answer"))
     return cue is not None and gold is not None and ans is not None and cue != gold and ans == cue
 
 
-def _base_or_preserving(record: Mapping[str, Any]) -> bool:
+def base_or_preserving(record: Mapping[str, Any]) -> bool:
+    """True unless the record's condition is an altering axis (whose construction edits the text to set φ*)."""
     from sift.corpus.axes import AXES
 
     axis = AXES.get(str(record.get("condition")))
     return axis is None or axis.kind != "altering"
 
 
-def twin_text_matches(records: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
-    """Trace id → whether the trace is in the organism's matched slice: a base or preserving trace whose twin (the
-    same prompt generated under the other mechanism latent, ``record["twin"]``) wrote the same ids, both twins
-    labelled. There the text is the same under both labels *by construction*, so any function of the text
-    scores a twin pair alike and has AUROC 0.5 on the slice's pairs whose labels differ."""
+def twin_pairs(records: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], Mapping[str, Any]]]:
+    """The organism's twins, (mechanism 1, mechanism 0), in record order: two traces with one ``record["twin"]``
+    key (the same prompt and random stream under both mechanism latents). Records without a twin key, and keys
+    held by anything but one trace of each mechanism, are left out."""
     by_twin: dict[str, list[Mapping[str, Any]]] = {}
     for r in records:
         if r.get("twin"):
             by_twin.setdefault(str(r["twin"]), []).append(r)
-    out: dict[str, bool] = {}
+    out = []
     for group in by_twin.values():
-        ok = (len(group) == 2 and len({int(r["latent"]["mechanism"]) for r in group}) == 2
-              and all(_base_or_preserving(r) and r.get("phi") is not None for r in group)
-              and group[0]["prompt_ids"] == group[1]["prompt_ids"]
-              and group[0]["generated_ids"] == group[1]["generated_ids"])
-        for r in group:
-            out[str(r["trace_id"])] = ok
+        mech = {int(r["latent"]["mechanism"]): r for r in group}
+        if len(group) == 2 and set(mech) == {0, 1}:
+            out.append((mech[1], mech[0]))
+    return out
+
+
+def same_ids(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two traces with the same prompt and generated ids: the same text, token for token."""
+    return a["prompt_ids"] == b["prompt_ids"] and a["generated_ids"] == b["generated_ids"]
+
+
+def twin_text_matches(records: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
+    """Trace id → whether a trace with a twin key is in the organism's matched slice: a base or preserving trace
+    whose twin wrote the same ids (:func:`same_ids`), both twins labelled. There the text is the same under both
+    labels *by construction*, so any function of the text scores a twin pair alike and has AUROC 0.5 on the
+    slice's pairs whose labels differ. A trace whose twin is missing is not in the slice."""
+    records = list(records)
+    out = {str(r["trace_id"]): False for r in records if r.get("twin")}
+    for a, b in twin_pairs(records):
+        ok = (same_ids(a, b) and base_or_preserving(a) and base_or_preserving(b)
+              and a.get("phi") is not None and b.get("phi") is not None)
+        out[str(a["trace_id"])] = out[str(b["trace_id"])] = ok
     return out
 
 

@@ -90,22 +90,18 @@ def twin_summary(records: list[dict]) -> dict[str, Any] | None:
     """The organism's twins (one prompt generated under both mechanism latents), over base and preserving
     prompts: how many pairs, the share whose twins wrote the same ids, the share with both twins labelled and,
     of those, the share whose labels differ (the latent decided the label). None for a corpus without twins."""
-    from sift.corpus.audit import _base_or_preserving
+    from sift.corpus.audit import base_or_preserving, same_ids, twin_pairs
 
-    groups: dict[str, list[dict]] = {}
-    for r in records:
-        if r.get("twin") and _base_or_preserving(r):
-            groups.setdefault(str(r["twin"]), []).append(r)
-    pairs = [g for g in groups.values() if len(g) == 2]
+    pairs = [(a, b) for a, b in twin_pairs(records) if base_or_preserving(a)]
     if not pairs:
         return None
-    same = [g[0]["generated_ids"] == g[1]["generated_ids"] and g[0]["prompt_ids"] == g[1]["prompt_ids"] for g in pairs]
-    both = [g for g in pairs if all(r["phi"] is not None for r in g)]
-    opposite = sum(g[0]["phi"] != g[1]["phi"] for g in both)
+    same = [same_ids(a, b) for a, b in pairs]
+    both = [(a, b) for a, b in pairs if a["phi"] is not None and b["phi"] is not None]
+    opposite = sum(a["phi"] != b["phi"] for a, b in both)
     return {"pairs": len(pairs), "identical_ids": round(float(np.mean(same)), 4),
             "both_labelled": round(len(both) / len(pairs), 4),
             "opposite_labels": round(opposite / len(both), 4) if both else None,
-            "differing_ids": [g[0]["twin"] for g, s in zip(pairs, same) if not s][:20]}
+            "differing_ids": [a["twin"] for (a, _), s in zip(pairs, same) if not s][:20]}
 
 
 def build_manifest(records: list[dict], pairs: list[dict], *, cfg: dict, config_hash: str, seconds: float,

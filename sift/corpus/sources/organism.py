@@ -230,6 +230,8 @@ def labels_across_seeds(sources: dict[str, OrganismSource], items: list[Item], c
     both labels, and how often its twins write the same ids (the text-blindness the corpus rests on)."""
     from dataclasses import replace
 
+    from sift.corpus.audit import same_ids, twin_pairs
+
     item_map = {it.item_id: it for it in items}
     bases = [(it, base_view(it, cfg.seed, cfg.cue), "base", m) for it in items for m in MECHANISMS]
     cued = {it.item_id for it, v, _, _ in bases if v.cue_value is not None}
@@ -243,9 +245,9 @@ def labels_across_seeds(sources: dict[str, OrganismSource], items: list[Item], c
             for r in recs:
                 if r["phi"] is not None:
                     labels.setdefault(r["base_item"], set()).add(r["phi"])
-            for a, b in zip(recs[0::2], recs[1::2]):  # MECHANISMS order: the twins of a prompt are adjacent
+            for a, b in twin_pairs(recs):
                 n_twins += 1
-                same += a["generated_ids"] == b["generated_ids"]
+                same += same_ids(a, b)
         both = {k for k, v in labels.items() if len(v) == 2}
         out["families"][fam] = {"share_both": round(len(both) / max(1, len(items)), 4),
                                 "share_both_cued": round(len(both & cued) / max(1, len(cued)), 4),
