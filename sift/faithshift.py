@@ -191,6 +191,7 @@ def train_config(cfg: DictConfig, out: Path, spec: RunSpec) -> DictConfig:
                              f"data.trajectory_dir={out / 'trajectories'}", f"data.corpus_dir={out / 'corpus'}",
                              f"data.seed={cfg.seed}", f"trainer.max_epochs={max_epochs(cfg, spec.detector)}",
                              *([f"++trainer.max_steps={steps}"] if steps is not None else []),
+                             *([f"data.env_batch_size={cfg.env_batch_size}"] if cfg.get("env_batch_size") else []),
                              f"paths.output_dir={run_dir}", f"data.cache_dir={out / 'cache'}",
                              "trainer.enable_progress_bar=false",
                              *([] if cfg.wandb else ["logger=csv"]), *cfg.train_overrides])
@@ -308,6 +309,8 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         if det not in known:
             raise SiftError(f"undertrained_detectors: {det!r} is not one of the job's detectors or controls "
                             f"({sorted(known)})")
+    if cfg.get("env_batch_size") is not None:
+        _positive_int(cfg, "env_batch_size")
     for key in ("max_epochs_by_detector", "max_steps_by_detector"):
         for det, cap in (cfg.get(key) or {}).items():
             if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:

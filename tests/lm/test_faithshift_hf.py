@@ -49,7 +49,7 @@ def job(tiny_dirs, tmp_path_factory):
         f"paths.output_dir={out / 'job'}", "source=hf", f"source.models=[{tiny_dirs['gpt2']},{wide}]",
         items, "n_items=16", "source.max_new_tokens=12", "source.answer_tokens=2", "source.cue.p_cue=0.8",
         "source.family_items=8", "source.family_conditions=base",
-        "detectors=[hidden_probe,biasing_features]", "controls=[text_bow]", "seeds=[0]",
+        "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,text_sift]", "seeds=[0]",
         "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[hidden_probe]",
         "transfer.holdout_domains=[csqa]", "transfer.holdout_models=auto", "bootstrap.resamples=20",
         "bootstrap.appendix_resamples=10", "wandb=false", "workers=1", "instance_ensemble=[]"])
@@ -89,7 +89,15 @@ def test_the_main_job_runs_on_real_lm_sources(job):
     assert "transfer/model-llama/hidden_probe/seed0" in keys and "transfer/domain-csqa/hidden_probe/seed0" in keys
     results = json.loads((out / "report" / "results.json").read_text())
     assert results and (out / "report" / "report.md").is_file() and res["runs"] == len(keys)
-    assert "common shape 2 layers × 32" in (out / "report" / "report.md").read_text()
+    report = (out / "report" / "report.md").read_text()
+    assert "common shape 2 layers × 32" in report
+    # text_sift, the control with SIFT's network on the real LM's own token ids, is trained and reported
+    import numpy as np
+
+    ts, hp = (np.load(out / "runs" / "main" / d / "seed0" / "predictions" / "test.npz", allow_pickle=True)
+              for d in ("text_sift", "hidden_probe"))
+    assert sorted(ts["trace_id"]) == sorted(hp["trace_id"]) and np.isfinite(ts["prob"]).all()
+    assert any(line.startswith("| text_sift") for line in report.splitlines())
 
 
 def test_models_of_different_shapes_are_accepted_before_the_corpus(tiny_dirs, tmp_path):

@@ -105,3 +105,17 @@ def test_step_caps_per_detector_reach_each_run_and_bad_caps_are_refused(tmp_path
     typo = compose("faithshift", [f"paths.output_dir={tmp_path}", "preset=quick", "undertrained_detectors=[instance]"])
     with pytest.raises(SiftError, match="undertrained_detectors: 'instance'"):
         validate_plan(typo, tmp_path / "y")
+
+
+def test_env_batch_size_reaches_every_run_and_a_bad_one_is_refused(tmp_path):
+    from sift.errors import SiftError
+    from sift.faithshift import plan_runs, train_config, validate_plan
+
+    default = compose("faithshift", [f"paths.output_dir={tmp_path}", "preset=quick"])
+    spec = plan_runs(default)[0]
+    assert train_config(default, tmp_path, spec).data.env_batch_size is None  # the data config's (batch_size)
+    cfg = compose("faithshift", [f"paths.output_dir={tmp_path}", "preset=quick", "env_batch_size=16"])
+    assert {train_config(cfg, tmp_path, s).data.env_batch_size for s in plan_runs(cfg)} == {16}
+    bad = compose("faithshift", [f"paths.output_dir={tmp_path}", "preset=quick", "env_batch_size=0"])
+    with pytest.raises(SiftError, match="env_batch_size: expected an integer >= 1, got 0"):
+        validate_plan(bad, tmp_path / "x")
