@@ -12,7 +12,7 @@ keys are checked by Hydra's struct mode (an override of an unknown key fails) an
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING, DictConfig
 
@@ -87,7 +87,7 @@ class FaithShiftConfig:
     # validate_plan checks their values
     max_epochs_by_detector: Any = None
     max_steps_by_detector: Any = None
-    env_batch_size: Optional[int] = None  # traces per environment per training step, every run (None: data's)
+    env_batch_size: int | None = None  # traces per environment per training step, every run (None: data's)
     undertrained_detectors: list[str] = field(default_factory=list)
     ablations: list[str] = MISSING
     ablation_seeds: list[int] = MISSING
