@@ -101,7 +101,12 @@ def cluster(tmp_path, monkeypatch):
         f.chmod(f.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_SLURM_DIR", str(state))
-    return state
+    # submitit caches finished jobs' sacct states by job id in one class-level watcher; every fake cluster
+    # restarts its ids at 1000, so a state cached by an earlier test would mark this test's job done at once
+    import submitit
+    submitit.SlurmJob.watcher.clear()
+    yield state
+    submitit.SlurmJob.watcher.clear()
 
 
 def _cfg(tmp_path, **executor):
