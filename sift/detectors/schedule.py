@@ -53,6 +53,10 @@ class StepEarlyStopping(EarlyStopping):
             # resumed from a checkpoint written at an epoch's end, after that epoch's check (its outcome is in the
             # restored state): Lightning replays the epoch-end hooks with no metrics logged in this process
             return
+        if self.monitor not in logs and not self._validated and budget_hit(trainer) == "max_steps":
+            # the step cap ended the first epoch before its validation: nothing to judge yet (the run is recorded
+            # as stopped by max_steps, not converged, and validated once after fit)
+            return
         if trainer.fast_dev_run or not self._validate_condition_metric(logs):
             return
         current = logs[self.monitor].squeeze()
@@ -175,9 +179,18 @@ def training_record(trainer: pl.Trainer, model: Any, history: ValidationHistory 
         rec.update(stopped_by="early stopping", converged=True, best_step=es.best_step,
                    patience_steps=es.patience_steps, min_steps=es.min_steps)
     elif es is None:  # callbacks without StepEarlyStopping: nothing to judge convergence by
-        rec.update(stopped_by="max_epochs", converged=None, reason="no StepEarlyStopping callback: not checked")
+        rec.update(stopped_by=budget_hit(trainer), converged=None, reason="no StepEarlyStopping callback: not checked")
     else:
-        rec.update(stopped_by="max_epochs", converged=False, best_step=es.best_step,
-                   reason=f"hit max_epochs at step {trainer.global_step} while {es.monitor} was still improving "
-                          f"(last gain > min_delta at step {es.best_step}, patience {es.patience_steps} steps)")
+        cap = budget_hit(trainer)
+        why = (f"while {es.monitor} was still improving (last gain > min_delta at step {es.best_step}, patience "
+               f"{es.patience_steps} steps)" if rows else "before its first validation")
+        rec.update(stopped_by=cap, converged=False, best_step=es.best_step if rows else None,
+                   reason=f"hit {cap} at step {trainer.global_step} {why}")
     return rec
+
+
+def budget_hit(trainer: pl.Trainer) -> str:
+    """Which budget ended a run that early stopping did not: ``max_steps`` when the step cap (``trainer.max_steps``,
+    −1 or None: none) was reached, else ``max_epochs``."""
+    cap = getattr(trainer, "max_steps", -1)
+    return "max_steps" if cap is not None and cap > 0 and int(trainer.global_step) >= int(cap) else "max_epochs"

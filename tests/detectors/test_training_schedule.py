@@ -81,3 +81,21 @@ def test_record_of_an_early_stopped_run_survives_reloading_the_best_checkpoint(c
     assert t["stopped_by"] == "early stopping" and t["converged"] is True
     assert len(t["validations"]) == 2 and t["best_step"] == t["validations"][0]["step"]
     assert t["stop_epoch"] == 2 and rec["epochs"] == 2
+
+
+def test_a_step_cap_before_the_first_validation_ends_the_run_as_max_steps(compose_train, tmp_path):
+    # 2 optimizer steps are less than an epoch: Lightning stops before the epoch's validation, early stopping has
+    # nothing to judge (it used to raise "metric val/auroc not available"), the run is validated once after fit
+    rec = train(compose_train("detector=instance_level", "trainer.max_epochs=10", "++trainer.max_steps=2",
+                              out=str(tmp_path / "cap")))
+    t = rec["training"]
+    assert rec["global_step"] == 2 and t["validations"] == []
+    assert t["stopped_by"] == "max_steps" and t["converged"] is False
+    assert t["reason"] == "hit max_steps at step 2 before its first validation"
+    assert 0.0 <= rec["metrics"]["val/auroc"] <= 1.0
+    # a step cap reached after validations is named too (was recorded as max_epochs)
+    rec = train(compose_train("detector=instance_level", "trainer.max_epochs=10", "++trainer.max_steps=12",
+                              "callbacks.early_stopping.min_steps=1000", out=str(tmp_path / "cap12")))
+    t = rec["training"]
+    assert t["stopped_by"] == "max_steps" and t["converged"] is False and t["validations"]
+    assert t["reason"].startswith("hit max_steps at step 12 while val/auroc was still improving")
