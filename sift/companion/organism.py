@@ -265,11 +265,44 @@ def token_attribution(src, p: Prepared, explainer: str, rng: np.random.Generator
     raise SiftError(f"companion.ice.explainers: unknown explainer {explainer!r}")
 
 
-def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explainers: Sequence[str],
-            operators: Sequence[str], k: float = 0.2, n_null: int = 50, span: str = "both",
-            blacklist_values: bool = True, n_resamples: int = 200, alpha: float = 0.10, seed: int = 0,
-            step_level: bool = True, step_n_null: int = 50, progress: bool = True,
-            masks: Sequence[np.ndarray] | None = None, value_ids: set[int] | None = None) -> dict:
+@dataclass(frozen=True)
+class ICESettings:
+    """What one ICE audit runs (the ``companion.ice`` node, :meth:`from_config`): explainers × operators, the
+    rationale share ``k``, ``n_null`` random equal-size sets, the units ICE may select (``span``: prompt, cot or
+    both), whether answer values stay out of the retrieval pool, the win-rate CI (``n_resamples``, ``alpha``),
+    the seed, and the step-level variant (``step_level``, ``step_n_null`` sets)."""
+
+    explainers: tuple[str, ...]
+    operators: tuple[str, ...]
+    k: float = 0.2
+    n_null: int = 50
+    span: str = "both"
+    blacklist_values: bool = True
+    n_resamples: int = 200
+    alpha: float = 0.10
+    seed: int = 0
+    step_level: bool = True
+    step_n_null: int = 50
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "explainers", tuple(str(e) for e in self.explainers))
+        object.__setattr__(self, "operators", tuple(str(o) for o in self.operators))
+        for o in self.operators:
+            if o not in ("deletion", "retrieval"):
+                raise SiftError(f"companion.ice.operators: unknown operator {o!r} (deletion, retrieval)")
+
+    @classmethod
+    def from_config(cls, node: Any, seed: int) -> ICESettings:
+        """From a ``companion.ice`` node (its ``resamples`` is ``n_resamples``) and the companion's seed."""
+        return cls(explainers=tuple(node.explainers), operators=tuple(node.operators), k=float(node.k),
+                   n_null=int(node.n_null), span=str(node.span), blacklist_values=bool(node.blacklist_values),
+                   n_resamples=int(node.resamples), alpha=float(node.alpha), seed=int(seed),
+                   step_level=bool(node.step_level))
+
+
+def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], settings: ICESettings, *,
+            progress: bool = True, masks: Sequence[np.ndarray] | None = None,
+            value_ids: set[int] | None = None) -> dict:
     """Token-level ICE per (explainer, operator) and the step-level variant; summaries overall and by φ*.
     ``masks`` (the positions each trace's ICE may select) and ``value_ids`` (answer tokens kept out of the
     retrieval pool) default to the organism's; a real-LM corpus passes those of :mod:`sift.companion.lm_traces`."""
@@ -278,15 +311,15 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
     from sift.companion import ice
     from sift.organism.domains import DOMAINS, answer_space
 
-    for o in operators:
-        if o not in ("deletion", "retrieval"):
-            raise SiftError(f"companion.ice.operators: unknown operator {o!r} (deletion, retrieval)")
+    st = settings
+    explainers, operators, k, seed = st.explainers, st.operators, st.k, st.seed
+
     special = {src.tokenizer.bos_token_id, src.tokenizer.pad_token_id, src.tokenizer.eos_token_id}
     banned = set(special)
-    if blacklist_values:  # ICE blacklists label words from the filler pool; our labels are the answer values
+    if st.blacklist_values:  # ICE blacklists label words from the filler pool; our labels are the answer values
         banned |= set(src.ids(sorted({v for d in DOMAINS for v in answer_space(d)}))) if value_ids is None \
             else set(value_ids)
-    masks = [content_mask(p, src, span) for p in prepared] if masks is None else list(masks)
+    masks = [content_mask(p, src, st.span) for p in prepared] if masks is None else list(masks)
     corpus = {}
     for p, m in zip(prepared, masks):
         corpus.setdefault(p.trace["base_item"], []).extend(int(t) for t, v in zip(p.ids, m) if v)
@@ -302,7 +335,7 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
             continue
         pool = ice.build_retrieval_pool(corpus, p.trace["base_item"], blacklist=banned)
         empty = ice.delete(units, ~valid)
-        null_sets = ice.sample_null_sets(pos, q, n_null, np.random.default_rng([seed, n_ex]))
+        null_sets = ice.sample_null_sets(pos, q, st.n_null, np.random.default_rng([seed, n_ex]))
         n_unique = len({tuple(s) for s in null_sets.tolist()})
 
         def keep_for(sel, valid=valid) -> np.ndarray:
@@ -328,7 +361,7 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
                     nsr_defined=bool(s_full - s_empty > 0.05), s_full=float(s_full), s_empty=float(s_empty),
                     rationale=tuple(int(i) for i in rat), q=q, n_valid_units=int(pos.size),
                     n_unique_null_sets=n_unique)))
-        if not step_level or len(p.steps) < 2:
+        if not st.step_level or len(p.steps) < 2:
             continue
         prompt, ans = p.ids[:p.n_prompt], p.ids[p.n_prompt + p.n_cot:]
         cot = p.ids[p.n_prompt:p.n_prompt + p.n_cot]
@@ -353,17 +386,18 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], *, explai
 
         for e in explainers:
             sa = ice.pool_step_scores(attrs[e][p.n_prompt:p.n_prompt + p.n_cot], p.steps, "sum")
-            r = ice.step_ice(steps, sa, step_score, k=k, n_null=step_n_null, seed=seed + n_ex)
+            r = ice.step_ice(steps, sa, step_score, k=k, n_null=st.step_n_null, seed=seed + n_ex)
             if r is not None:
                 step_rows[e].append((p.phi, r))
         ns = ice.step_necessity_sufficiency(steps, step_answer, reference_answer=p.pred, k=k, n_subsets=None)
         necsuf.append((p.phi, ns))
-    return summarize_ice(rows, step_rows, necsuf, prepared, n_resamples=n_resamples, alpha=alpha, seed=seed,
-                         config=dict(explainers=list(explainers), operators=list(operators), k=k, n_null=n_null,
-                                     span=span, blacklist_values=blacklist_values, n_resamples=n_resamples, alpha=alpha,
-                                     seed=seed, s_empty="template with empty content (deletion of every content unit)",
+    return summarize_ice(rows, step_rows, necsuf, prepared, n_resamples=st.n_resamples, alpha=st.alpha, seed=seed,
+                         config=dict(explainers=list(explainers), operators=list(operators), k=k, n_null=st.n_null,
+                                     span=st.span, blacklist_values=st.blacklist_values, n_resamples=st.n_resamples,
+                                     alpha=st.alpha, seed=seed,
+                                     s_empty="template with empty content (deletion of every content unit)",
                                      comparison="raw retained score s(x_o^r) [R]; NSR reported for magnitude",
-                                     step_n_null=step_n_null))
+                                     step_n_null=st.step_n_null))
 
 
 def _summary_dict(s) -> dict:

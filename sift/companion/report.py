@@ -179,7 +179,7 @@ def _write_records(out: Path, name: str, obj: Any) -> str:
 
 
 def ice_section(cfg, org: _Organism, out: Path) -> Section:
-    from sift.companion.organism import run_ice
+    from sift.companion.organism import ICESettings, run_ice
 
     c = cfg.ice
     results, md, figs = {}, [], []
@@ -189,10 +189,7 @@ def ice_section(cfg, org: _Organism, out: Path) -> Section:
             from sift.companion.lm_traces import content_mask_lm, value_ids
 
             lm = {"masks": [content_mask_lm(p, src, str(c.span)) for p in prep], "value_ids": value_ids(prep)}
-        r = run_ice(src, sc, prep, explainers=list(c.explainers), operators=list(c.operators), k=float(c.k),
-                    n_null=int(c.n_null), span=str(c.span), blacklist_values=bool(c.blacklist_values),
-                    n_resamples=int(c.resamples), alpha=float(c.alpha), seed=int(cfg.seed),
-                    step_level=bool(c.step_level), progress=bool(cfg.progress), **lm)
+        r = run_ice(src, sc, prep, ICESettings.from_config(c, int(cfg.seed)), progress=bool(cfg.progress), **lm)
         per_ex = r.pop("per_example_win_rates")
         results[fam] = r
         rows = []

@@ -35,6 +35,9 @@ from sift.detectors.module import DataSpec, DetectorModule, as_env_batches
 from sift.errors import SiftError
 
 CONTROL_DETECTORS = ("text_bow", "surface", "prompt_probe", "text_sift")
+#: the control with the reference detector's own network, objective and schedule on the text alone: the report
+#: answers "does a hidden-state detector beat a same-capacity text model?" against it
+CAPACITY_CONTROL = "text_sift"
 _CKPT_KEY = "sklearn_estimator"
 
 
@@ -193,4 +196,5 @@ class SurfaceDetector(SklearnDetector):
                                  max_leaf_nodes=self.max_leaf_nodes)
 
 
-__all__ = ["CONTROL_DETECTORS", "SklearnDetector", "SurfaceDetector", "TextBowDetector", "is_control"]
+__all__ = ["CAPACITY_CONTROL", "CONTROL_DETECTORS", "SklearnDetector", "SurfaceDetector", "TextBowDetector",
+           "is_control"]

@@ -80,13 +80,15 @@ def _common(runs: Sequence[Predictions], others: Sequence[Predictions]) -> np.nd
 
 def control_margins(rows: Mapping[str, Sequence[Predictions]], n_resamples: int = 1000, seed: int = 0,
                     items: Items | None = None, table: PredictionTable | None = None,
-                    strata: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
+                    strata: np.ndarray | None = None, among: Sequence[str] | None = None
+                    ) -> dict[str, dict[str, Any]]:
     """Per detector row: ``{estimate, low, high, best_control, n_traces, beats_controls, reason}`` for AUROC(row) −
     AUROC(best control), seed means, paired cluster bootstrap over base items (``items``: the table's list and
     ``strata`` its split strata (:func:`~sift.evaluation.analysis.split_strata`), so the draws are the table's:
     every replicate keeps each split's number of items; ``table``: the prediction table holding the runs, built
-    from them when None). Empty when there is no control row; control rows get none."""
-    ctrl = {k: v for k, v in rows.items() if is_control(k) and "ensemble" not in k}
+    from them when None; ``among``: the controls to choose the best from, all when None). Empty when there is no
+    such control row; control rows get none."""
+    ctrl = {k: v for k, v in rows.items() if is_control(k) and "ensemble" not in k and (among is None or k in among)}
     if not ctrl:
         return {}
     items = items or common_items([p for v in rows.values() for p in v])
@@ -129,13 +131,14 @@ def control_margins(rows: Mapping[str, Sequence[Predictions]], n_resamples: int 
     return out
 
 
-def margin_cell(m: Mapping[str, Any] | None) -> str:
-    """``+0.05 [0.01, 0.09]`` or ``−0.02 [−0.06, 0.01] ✗ not above controls`` (— for a control or undefined)."""
+def margin_cell(m: Mapping[str, Any] | None, mark: str = NOT_ABOVE) -> str:
+    """``+0.05 [0.01, 0.09] vs <control>`` or ``−0.02 [−0.06, 0.01] vs <control> ✗ not above controls`` (``mark``
+    when the CI does not lie above 0; — for a control or undefined)."""
     if not m or m.get("estimate") is None:
         return "—"
     e, lo, hi = (NAN if m.get(k) is None else float(m[k]) for k in ("estimate", "low", "high"))
     s = f"{e:+.3f}" + ("" if math.isnan(lo) else f" [{lo:+.3f}, {hi:+.3f}]") + f" vs {m['best_control']}"
-    return s if m.get("beats_controls") else f"{s} {NOT_ABOVE}"
+    return s if m.get("beats_controls") else f"{s} {mark}"
 
 
 # ------------------------------------------------------------------------------------------- the matched slice

@@ -236,21 +236,19 @@ def _decode(model, prompts: list[list[int]], *, pad_id: int, eos: list[int], max
 
 def generate_ids(model, prompts: Sequence[Sequence[int]], *, pad_id: int, eos_id: int | Sequence[int],
                  max_new_tokens: int, do_sample: bool = False, temperature: float = 1.0, top_p: float = 1.0,
-                 seeds: Sequence[int] | None = None, seed: int | None = None,
-                 batch_size: int = 256) -> list[Generation]:
+                 seeds: Sequence[int] | None = None, batch_size: int = 256) -> list[Generation]:
     """Greedy (default) or per-prompt seeded sampling, at most ``batch_size`` prompts in flight; KV cache.
 
     With ``do_sample``, ``seeds`` gives one seed per prompt (see :func:`trace_seed`); a prompt's sample is then
-    the same in any batch. The old ``seed=`` keyword still works: without ``seeds`` the prompts get
-    ``trace_seed(str(i), seed)`` by index ``i`` (so they then depend on the prompt's index in ``prompts``).
+    the same in any batch. Without ``seeds`` the prompts get ``trace_seed(str(i), 0)`` by index ``i`` (so they
+    then depend on the prompt's index in ``prompts``).
     ``eos_id`` may be one id or several (generation stops at any of them; none is returned). The returned ids
     are exactly the tokens generated (greedy: the same as ``model.generate(do_sample=False)`` without the
     model's own generation config, such as a repetition penalty). Prompts enter the batch in the given order.
     """
     if do_sample:
         if seeds is None:
-            base = 0 if seed is None else seed
-            seeds = [trace_seed(str(i), base) for i in range(len(prompts))]
+            seeds = [trace_seed(str(i), 0) for i in range(len(prompts))]
         if len(seeds) != len(prompts):
             raise SiftError(f"{len(seeds)} seeds for {len(prompts)} prompts; sampling needs one seed per prompt")
     if max_new_tokens < 1:

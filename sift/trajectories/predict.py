@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import warnings
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -211,34 +211,57 @@ def _check_cache_vs_model(out_dir: Path, m: str, path: str, dims: dict) -> None:
                             f"does not match this trajectory folder (use another output_dir or overwrite=true)")
 
 
-def _extract_model(m: str, given, models: dict[str, str], dtype: str | None, corpus_dir: Path, out_dir: Path,
-                   index: C.CorpusIndex, corpus_sha: str, cfg: ExtractConfig, overwrite: bool, kw: dict,
-                   n_shards: int, written: list[str], progress: bool, callbacks: list | None, keys: dict,
-                   meta: dict, info: dict, tasks: list) -> tuple[list, bool]:
-    """Extract model ``m``'s shards (loading it unless ``given``); fills ``keys``, ``meta``, ``info`` and
+@dataclass(eq=False)
+class _ExtractionRun:
+    """What one ``extract_corpus`` call shares across its models: the inputs, the Lightning settings, and what
+    each model's extraction adds (cache keys, shard metadata, manifest entries, shard tasks, written shards)."""
+
+    corpus_dir: Path
+    out_dir: Path
+    index: C.CorpusIndex
+    corpus_sha: str
+    cfg: ExtractConfig
+    models: dict[str, str]
+    dtype: str | None
+    overwrite: bool
+    trainer_kwargs: dict[str, Any]
+    n_shards: int
+    progress: bool
+    callbacks: list | None
+    keys: dict = field(default_factory=dict)
+    meta: dict = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    tasks: list = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+
+
+def _extract_model(run: _ExtractionRun, m: str, given: tuple[Any, Any] | None) -> tuple[list, bool]:
+    """Extract model ``m``'s shards (loading it unless ``given``); fills ``run``'s ``keys``, ``meta``, ``info`` and
     ``tasks`` for it and returns (the shards this process computed, whether it is rank 0)."""
-    model, tok = given or _load(models[m], dtype)
+    cfg, path = run.cfg, run.models[m]
+    model, tok = given or _load(path, run.dtype)
     dims = model_dims(model)
-    _check_corpus_vs_model(corpus_dir, index, m, models[m], dims, tok)
-    if not overwrite:
-        _check_cache_vs_model(out_dir, m, models[m], dims)
-    fp = model_fingerprint(models[m])
+    _check_corpus_vs_model(run.corpus_dir, run.index, m, path, dims, tok)
+    if not run.overwrite:
+        _check_cache_vs_model(run.out_dir, m, path, dims)
+    fp = model_fingerprint(path)
     # the weights' dtype changes the states (bfloat16 vs float32), so it is part of the cache key
     weights_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    keys[m] = C.cache_key(corpus_sha, fp, m, {**cfg.key_fields(), "weights_dtype": weights_dtype})
+    run.keys[m] = C.cache_key(run.corpus_sha, fp, m, {**cfg.key_fields(), "weights_dtype": weights_dtype})
     ex_channels = Extractor(model, cfg, tokenizer=tok).channels
-    meta[m] = {"model": m, "channels": ex_channels, "profile_names": profile_names(cfg.interventions), **dims}
-    info[m] = {"path": str(models[m]), "fingerprint": fp, "key": keys[m], **dims, "channels": ex_channels,
-               "scalar_names": SCALAR_NAMES, "profile_names": profile_names(cfg.interventions),
-               "n_traces": len(index.offsets[m])}
-    mine = plan_shards(C.CorpusIndex(**{**vars(index), "offsets": {m: index.offsets[m]}}), out_dir, keys,
-                       cfg.shard_size)
-    tasks += mine
-    module = ExtractionModule({m: model}, {m: tok}, cfg, names=models)
-    writer = ShardWriter(meta, total=n_shards, progress=progress)
-    writer.written = written  # one count across the models
-    trainer = pl.Trainer(callbacks=[writer, *(callbacks or [])], **kw)
-    trainer.predict(module, datamodule=ShardDataModule(corpus_dir / "traces.jsonl", mine), return_predictions=False)
+    run.meta[m] = {"model": m, "channels": ex_channels, "profile_names": profile_names(cfg.interventions), **dims}
+    run.info[m] = {"path": str(path), "fingerprint": fp, "key": run.keys[m], **dims, "channels": ex_channels,
+                   "scalar_names": SCALAR_NAMES, "profile_names": profile_names(cfg.interventions),
+                   "n_traces": len(run.index.offsets[m])}
+    mine = plan_shards(C.CorpusIndex(**{**vars(run.index), "offsets": {m: run.index.offsets[m]}}), run.out_dir,
+                       run.keys, cfg.shard_size)
+    run.tasks += mine
+    module = ExtractionModule({m: model}, {m: tok}, cfg, names=run.models)
+    writer = ShardWriter(run.meta, total=run.n_shards, progress=run.progress)
+    writer.written = run.written  # one count across the models
+    trainer = pl.Trainer(callbacks=[writer, *(run.callbacks or [])], **run.trainer_kwargs)
+    trainer.predict(module, datamodule=ShardDataModule(run.corpus_dir / "traces.jsonl", mine),
+                    return_predictions=False)
     trainer.strategy.barrier()
     return list(module.computed), trainer.is_global_zero
 
@@ -265,7 +288,6 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
                         f"(models: {', '.join(models) or 'none'})")
     index.offsets = {m: index.offsets[m] for m in wanted if m in index.offsets}
     corpus_sha = file_sha256(corpus_dir / "traces.jsonl", limit=None)
-    keys, meta, info = {}, {}, {}
     from sift.lm.loading import resolve_dtype
 
     on_gpu = str((trainer_kwargs or {}).get("accelerator", "cpu")) in ("gpu", "cuda")
@@ -275,15 +297,16 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
     kw.update(trainer_kwargs or {})
     warnings.filterwarnings("ignore", message=".*infer the batch indices.*")
     n_shards = sum(-(-len(offs) // cfg.shard_size) for offs in index.offsets.values())
-    computed, written, tasks = [], [], []
+    run = _ExtractionRun(corpus_dir, out_dir, index, corpus_sha, cfg, models, dtype, overwrite, kw, n_shards,
+                         progress, callbacks)
+    computed: list = []
     is_zero = True
     for m in index.offsets:  # one model in memory at a time: loaded, its shards extracted, freed
-        got, is_zero = _extract_model(m, (loaded or {}).get(m), models, dtype, corpus_dir, out_dir, index,
-                                      corpus_sha, cfg, overwrite, kw, n_shards, written, progress, callbacks,
-                                      keys, meta, info, tasks)
+        got, is_zero = _extract_model(run, m, (loaded or {}).get(m))
         computed += got
         release_memory()  # the model died with _extract_model's frame (Lightning holds it until then)
-    extract_corpus.last_run = {"computed": computed, "written": list(written)}  # type: ignore[attr-defined]
+    info, tasks = run.info, run.tasks
+    extract_corpus.last_run = {"computed": computed, "written": list(run.written)}  # type: ignore[attr-defined]
     if not is_zero:
         return None
     bad = [(t.path, why) for t in tasks if (why := C.shard_problem(t.path, t.key)) is not None]

@@ -167,8 +167,9 @@ def test_organism_ice_edct_system1_smoke(organism_corpus):
                 and not m[p.n_prompt - 2:p.n_prompt].any())
         assert m[p.n_prompt:p.n_prompt + p.n_cot].all() and not m[p.n_prompt + p.n_cot:].any()
         assert not any(m[i] for i, w in enumerate(words[:3]) if w in O.HEADER_WORDS)
-    r = O.run_ice(src, sc, prep, explainers=["attention", "random"], operators=["deletion", "retrieval"], n_null=12,
-                  n_resamples=20, progress=False)
+    r = O.run_ice(src, sc, prep, O.ICESettings(explainers=("attention", "random"),
+                                               operators=("deletion", "retrieval"), n_null=12, n_resamples=20),
+                  progress=False)
     t = r["token"]["attention/deletion"]["all"]
     assert t["n"] >= 1 and 0 <= t["win_rate"] <= t["midrank_win_rate"] <= 1
     assert set(r["operator_gap"]) == {"attention", "random"}

@@ -282,3 +282,34 @@ def test_margin_ci_keeps_the_number_of_test_items_in_every_replicate(monkeypatch
     counts = {int(np.isin(d, list(test_codes)).sum()) for d in seen}
     assert counts == {20}  # unstratified draws of 32 items would hold 20 test items only on average
     assert res["detectors"]["det"]["margin_over_best_control"]["low"] is not None
+
+
+def test_main_table_answers_the_same_capacity_question_against_text_sift_alone():
+    """Table 1 has a second margin column: the detector against text_sift only (CAPACITY_CONTROL), the text model
+    with the reference detector's network, whichever control is best."""
+    from sift.detectors.controls import CAPACITY_CONTROL
+    from sift.evaluation.sections.main_table import main_table
+
+    assert CAPACITY_CONTROL == "text_sift"
+    label = [1, 0] * 20
+    items = [f"i{k // 2}" for k in range(40)]
+    perfect = [0.9 if y else 0.1 for y in label]
+    rows = {"det": [preds("det", perfect, label, items)],
+            "surface": [preds("surface", [0.6 if y else 0.4 for y in label][:20] + [0.5] * 20, label, items)],
+            "text_sift": [preds("text_sift", [0.5] * 40, label, items)]}  # AUROC 0.5
+    pairs = Pairs(*([np.array([], dtype=object)] * 4), np.array([], int), np.array([], int), np.array([], object))
+    sec = main_table(rows, pairs, n_resamples=50)
+    det = sec.results["detectors"]["det"]
+    # best control: surface (AUROC 0.875, as above) → margin 0.125; text_sift alone: 1 − 0.5 = 0.5
+    assert det["margin_over_best_control"]["best_control"] == "surface"
+    assert det["margin_over_best_control"]["estimate"] == pytest.approx(0.125)
+    assert det["margin_over_capacity_control"]["best_control"] == "text_sift"
+    assert det["margin_over_capacity_control"]["estimate"] == pytest.approx(0.5)
+    assert det["margin_over_capacity_control"]["beats_controls"] is True
+    assert sec.results["detectors"]["text_sift"]["margin_over_capacity_control"] is None  # a control
+    assert "Δ AUROC vs text_sift (same capacity)" in sec.markdown and "+0.500 [" in sec.markdown
+    # without a text_sift run the column is absent
+    rows.pop("text_sift")
+    sec = main_table(rows, pairs, n_resamples=50)
+    assert "margin_over_capacity_control" not in sec.results["detectors"]["det"]
+    assert "same capacity" not in sec.markdown

@@ -98,6 +98,10 @@ def test_the_main_job_runs_on_real_lm_sources(job):
               for d in ("text_sift", "hidden_probe"))
     assert sorted(ts["trace_id"]) == sorted(hp["trace_id"]) and np.isfinite(ts["prob"]).all()
     assert any(line.startswith("| text_sift") for line in report.splitlines())
+    # and the report answers "does a hidden-state detector beat a same-capacity text model on this LM?"
+    cap = results["main_table"]["detectors"]["hidden_probe"]["margin_over_capacity_control"]
+    assert cap["best_control"] == "text_sift" and cap["n_traces"] == len(hp["trace_id"])
+    assert "Δ AUROC vs text_sift (same capacity)" in report
 
 
 def test_models_of_different_shapes_are_accepted_before_the_corpus(tiny_dirs, tmp_path):

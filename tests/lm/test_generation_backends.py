@@ -102,12 +102,12 @@ def test_greedy_is_unchanged(lm):
     assert [g.prompt_ids for g in new] == prompts
 
 
-def test_the_old_seed_keyword_still_samples(lm):
+def test_sampling_without_seeds_seeds_each_prompt_by_its_index(lm):
     model, tok, prompts = lm
     kw = dict(pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, batch_size=2, **SAMPLE)
-    old = [g.new_ids for g in generate_ids(model, prompts, seed=5, **kw)]
-    assert old == [g.new_ids for g in generate_ids(model, prompts, seeds=[trace_seed(str(i), 5) for i in range(4)],
-                                                   **kw)]
+    default = [g.new_ids for g in generate_ids(model, prompts, **kw)]
+    assert default == [g.new_ids for g in generate_ids(model, prompts,
+                                                       seeds=[trace_seed(str(i), 0) for i in range(4)], **kw)]
     with pytest.raises(SiftError, match="one seed per prompt"):
         generate_ids(model, prompts, seeds=[1, 2], **kw)
 

@@ -50,8 +50,8 @@ def test_sampling_is_seeded(lm):
     _, model, tok = lm
     prompts = _prompts(tok)
     kw = dict(pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, max_new_tokens=12, do_sample=True, batch_size=4)
-    a = generate_ids(model, prompts, seed=3, **kw)
-    b = generate_ids(model, prompts, seed=3, **kw)
-    c = generate_ids(model, prompts, seed=4, **kw)
+    a = generate_ids(model, prompts, seeds=[3 + i for i in range(len(prompts))], **kw)
+    b = generate_ids(model, prompts, seeds=[3 + i for i in range(len(prompts))], **kw)
+    c = generate_ids(model, prompts, seeds=[100 + i for i in range(len(prompts))], **kw)
     assert [g.new_ids for g in a] == [g.new_ids for g in b]
     assert [g.new_ids for g in a] != [g.new_ids for g in c]

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from sift.detectors.controls import CAPACITY_CONTROL
 from sift.errors import SiftError
 from sift.evaluation.analysis import (
     NAN,
@@ -174,11 +175,16 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                                 f"{fmt(std)}"])
     # detector − best control, paired bootstrap with the table's split-stratified draws
     margins = control_margins(rows, n_resamples, seed, items, table, strata=strata)
+    # against the same-capacity text model alone (the reference detector's network on the tokens)
+    capacity = control_margins(rows, n_resamples, seed, items, table, strata=strata, among=[CAPACITY_CONTROL])
     for i, row in enumerate(data):
         results["detectors"][row]["group"] = "controls" if is_control(row) else "detectors"
         if margins:
             results["detectors"][row]["margin_over_best_control"] = margins.get(row)
             tables["a"][i].append(margin_cell(margins.get(row)))
+        if capacity:
+            results["detectors"][row]["margin_over_capacity_control"] = capacity.get(row)
+            tables["a"][i].append(margin_cell(capacity.get(row), mark=f"✗ not above {CAPACITY_CONTROL}"))
     tables = {k: with_group_rows(v) for k, v in tables.items()}
     md = [f"Test split; 95 % CIs in brackets: percentile bootstrap over base items ({n_resamples} resamples; unit: "
           f"base item; a table that mixes splits resamples each split's items within it, so every replicate keeps "
@@ -186,7 +192,8 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
           f"calibrated {results['calibration']}. Rows with several seeds: mean over seeds.", "",
           "**(a) In-distribution vs transfer AUROC**", "",
           markdown_table(["Detector", "In-dist", *[f"Transfer: {s}" for s in settings], "Gap",
-                          "Gap (like-for-like)", *(["Δ AUROC vs best control"] if margins else [])], tables["a"]), "",
+                          "Gap (like-for-like)", *(["Δ AUROC vs best control"] if margins else []),
+                          *([f"Δ AUROC vs {CAPACITY_CONTROL} (same capacity)"] if capacity else [])], tables["a"]), "",
           "Gap = the main runs' in-distribution AUROC − mean transfer AUROC (the paper's); like-for-like = mean "
           "over settings of the transfer run's own in-distribution test AUROC − its held-out AUROC.", "",
           "**(b) Per-axis invariance violation rate** (mean = macro mean over axes, the paper's; pooled = all "
@@ -213,6 +220,11 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                f"control (text only or prompt only: {ctrl}) on the same test traces, paired "
                f"cluster-bootstrap 95 % CI with the table's split-stratified draws (unit: base item); "
                f"\"{NOT_ABOVE}\": the CI does not lie above 0."]
+    if capacity:
+        md += ["", f"Δ AUROC vs {CAPACITY_CONTROL} (same capacity): the same paired difference against "
+               f"{CAPACITY_CONTROL} alone, the reference detector's own network, objective and schedule reading only "
+               "the tokens: a detector above it reads the states for more than a text model of its size finds in "
+               "the words."]
     if undefined_notes:  # every "—" above, with the reason (also under "reason" in results.json)
         md += ["", "**Undefined cells (—)**", "", *[f"- {line}" for line in undefined_notes]]
     return Section(key, title, "\n".join(md), results=results)
