@@ -77,9 +77,22 @@ class InputSelector(nn.Module):
         return ((x * m).sum(1) / m.sum(1).clamp_min(1)).unsqueeze(-1)
 
 
-def _selector(inputs: str, prefixes: Sequence[str], channel: str | None, **data: Any) -> InputSelector:
-    return InputSelector(inputs, prefixes=prefixes, channel=channel, feature_names=data["feature_names"],
-                         channel_names=data["channel_names"], pooled_dim=data["pooled_dim"])
+#: the keys of a detector's ``inputs`` node
+INPUT_KEYS = ("kind", "prefixes", "channel")
+
+
+def _selector(inputs: str | Mapping[str, Any], **data: Any) -> InputSelector:
+    """The detector's ``inputs`` node: ``kind`` (one of :data:`INPUT_KINDS`), ``prefixes`` (``features``: the
+    feature-name prefixes kept; none: every feature), ``channel`` (``channel_mean``: the channel averaged). A bare
+    string is the node of that kind with no further keys (e.g. ``inputs: pooled``)."""
+    node = {"kind": inputs} if isinstance(inputs, str) else dict(inputs)
+    unknown = sorted(set(node) - set(INPUT_KEYS))
+    if unknown or "kind" not in node:
+        raise SiftError(f"detector.inputs: unknown key(s) {unknown} (known: {list(INPUT_KEYS)})" if unknown
+                        else f"detector.inputs: needs a kind (one of {INPUT_KINDS})")
+    return InputSelector(str(node["kind"]), prefixes=list(node.get("prefixes") or ()), channel=node.get("channel"),
+                         feature_names=data["feature_names"], channel_names=data["channel_names"],
+                         pooled_dim=data["pooled_dim"])
 
 
 class LogisticDetector(DetectorModule):
@@ -92,12 +105,12 @@ class LogisticDetector(DetectorModule):
     fits_once = True
 
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "logistic",
-                 inputs: str = "features", prefixes: Sequence[str] = (), channel: str | None = None, C: float = 1.0,
+                 inputs: str | Mapping[str, Any] = "features", C: float = 1.0,
                  standardize: bool = True, max_iter: int = 1000, threshold_method: str = "youden") -> None:
         super().__init__(data=data, name=name, threshold_method=threshold_method)
         self.save_hyperparameters(logger=False)
         self.automatic_optimization = False
-        self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,
+        self.selector = _selector(inputs, channel_names=self.channel_names,
                                   feature_names=self.feature_names, pooled_dim=self.pooled_dim)
         k = self.selector.dim
         self.C, self.standardize, self.max_iter = C, standardize, max_iter
@@ -194,15 +207,14 @@ class MLPDetector(DetectorModule):
     objective_defaults: ClassVar[dict[str, Any]] = {"env_reduction": "mean"}
 
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "mlp",
-                 inputs: str = "features", prefixes: Sequence[str] = (), channel: str | None = None,
-                 net: Mapping[str, Any] | None = None, standardize: bool = True,
+                 inputs: str | Mapping[str, Any] = "features", net: Mapping[str, Any] | None = None,
+                 standardize: bool = True,
                  optimizer: Mapping[str, Any] | None = None, scheduler: Mapping[str, Any] | None = None,
-                 objective: Mapping[str, Any] | None = None, threshold_method: str = "youden",
-                 stats_max_batches: int = 200) -> None:
+                 objective: Mapping[str, Any] | None = None, threshold_method: str = "youden") -> None:
         super().__init__(data=data, name=name, optimizer=optimizer, scheduler=scheduler, objective=objective,
-                         threshold_method=threshold_method, stats_max_batches=stats_max_batches)
+                         threshold_method=threshold_method)
         self.save_hyperparameters(logger=False)
-        self.selector = _selector(inputs, prefixes, channel, channel_names=self.channel_names,
+        self.selector = _selector(inputs, channel_names=self.channel_names,
                                   feature_names=self.feature_names, pooled_dim=self.pooled_dim)
         self.standardizer = Standardizer(self.selector.dim) if standardize else None
         self.net = build_net(net, MLPNet, in_dim=self.selector.dim)

@@ -229,11 +229,12 @@ class DetectorModule(pl.LightningModule):
     representation_dim: int | None = None
     #: the objective a detector class trains with when its config leaves a term unset
     objective_defaults: ClassVar[dict[str, Any]] = {}
+    #: input statistics (standardisation) are fitted on at most this many training batches
+    stats_max_batches: ClassVar[int] = 200
 
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "detector",
                  optimizer: Mapping[str, Any] | None = None, scheduler: Mapping[str, Any] | None = None,
-                 objective: Mapping[str, Any] | None = None, threshold_method: str = "youden",
-                 stats_max_batches: int = 200) -> None:
+                 objective: Mapping[str, Any] | None = None, threshold_method: str = "youden") -> None:
         super().__init__()
         self.optimizer_config = optimizer_config(optimizer)
         self.lr_schedule = LRSchedule.build_from(scheduler)
@@ -243,7 +244,7 @@ class DetectorModule(pl.LightningModule):
         self.channel_names, self.feature_names = list(spec.channel_names), list(spec.feature_names)
         self.pooled_dim = int(spec.pooled_dim)
         self.n_classes = {"env": int(spec.n_envs), "domain": int(spec.n_domains), "model": int(spec.n_models)}
-        self.threshold_method, self.stats_max_batches = threshold_method, stats_max_batches
+        self.threshold_method = threshold_method
         self.domain_classifier: DomainClassifier | None = None
         self.register_buffer("threshold", torch.tensor(0.5))
         self.val_loss, self.val_auroc, self.val_auroc_best = MeanMetric(), BinaryAUROC(), MaxMetric()

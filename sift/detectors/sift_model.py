@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from datamodules.batch import TraceBatch
-from datamodules.features import ATTENTION_STABILITY, EARLY_COMMITMENT, keep_channels
+from datamodules.features import keep_channels
 from sift.detectors.module import DataSpec, DetectorModule, Standardizer, build_net, mlp
 from sift.errors import SiftError
 
@@ -161,7 +161,7 @@ class SIFTDetector(DetectorModule):
     ``scheduler``, ``objective``: see :class:`~sift.detectors.module.DetectorModule` (IRM and DANN on by default).
     Ablation switches (each removes its component): ``net.use_tcn`` (input goes straight to the projection),
     ``net.use_transformer``, ``objective.use_irm``, ``objective.use_dann`` (no domain classifier is built),
-    ``use_attention_stability`` / ``use_early_commitment`` (those channels are dropped from the input).
+    ``drop_channels`` (e.g. ``[attention_stability]``, ``[early_commitment]``: those channels are dropped from the input).
     Channels are standardised with statistics fitted on training steps (``standardize``).
     """
 
@@ -170,18 +170,12 @@ class SIFTDetector(DetectorModule):
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "sift",
                  net: Mapping[str, Any] | None = None, optimizer: Mapping[str, Any] | None = None,
                  scheduler: Mapping[str, Any] | None = None, objective: Mapping[str, Any] | None = None,
-                 use_attention_stability: bool = True, use_early_commitment: bool = True,
-                 drop_channels: Sequence[str] = (), standardize: bool = True, threshold_method: str = "youden",
-                 stats_max_batches: int = 200) -> None:
+                 drop_channels: Sequence[str] = (), standardize: bool = True,
+                 threshold_method: str = "youden") -> None:
         super().__init__(data=data, name=name, optimizer=optimizer, scheduler=scheduler, objective=objective,
-                         threshold_method=threshold_method, stats_max_batches=stats_max_batches)
+                         threshold_method=threshold_method)
         self.save_hyperparameters(logger=False)
-        drop = list(drop_channels)
-        if not use_attention_stability:
-            drop.append(ATTENTION_STABILITY)
-        if not use_early_commitment:
-            drop.append(EARLY_COMMITMENT)
-        kept = keep_channels(self.channel_names, sorted(set(drop)))
+        kept = keep_channels(self.channel_names, sorted(set(drop_channels)))
         self.kept_channels = [self.channel_names[i] for i in kept]
         self.register_buffer("channel_idx", torch.tensor(kept, dtype=torch.long), persistent=False)
         self.standardizer = Standardizer(len(kept)) if standardize else None

@@ -83,10 +83,9 @@ class TextSIFTDetector(DetectorModule):
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "text_sift",
                  tokens: Mapping[str, Any] | None = None, net: Mapping[str, Any] | None = None,
                  optimizer: Mapping[str, Any] | None = None, scheduler: Mapping[str, Any] | None = None,
-                 objective: Mapping[str, Any] | None = None, threshold_method: str = "youden",
-                 stats_max_batches: int = 200) -> None:
+                 objective: Mapping[str, Any] | None = None, threshold_method: str = "youden") -> None:
         super().__init__(data=data, name=name, optimizer=optimizer, scheduler=scheduler, objective=objective,
-                         threshold_method=threshold_method, stats_max_batches=stats_max_batches)
+                         threshold_method=threshold_method)
         self.save_hyperparameters(logger=False)
         self.embed = TokenStepEmbedding(**dict(tokens or {}))
         self.net = build_net(net, SIFTNet, in_channels=self.embed.dim)

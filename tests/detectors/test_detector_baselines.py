@@ -26,20 +26,20 @@ def spec(dm):
 
 
 def test_prefix_selection(spec):
-    cue = LogisticDetector(data=spec, inputs="features", prefixes=[CUE_PREFIX])
+    cue = LogisticDetector(data=spec, inputs={"kind": "features", "prefixes": [CUE_PREFIX]})
     assert cue.selector.names and all(n.startswith("cue/") for n in cue.selector.names)
-    inst = MLPDetector(data=spec, inputs="features", prefixes=[BEHAVIOUR_PREFIX, INTERNAL_PREFIX], net={"hidden": 128})
+    inst = MLPDetector(data=spec, inputs={"kind": "features", "prefixes": [BEHAVIOUR_PREFIX, INTERNAL_PREFIX]}, net={"hidden": 128})
     assert {n.split("/")[0] for n in inst.selector.names} == {"beh", "int"}
     assert inst.net.body[0].out_features == 128
-    cf = MLPDetector(data=spec, inputs="features", prefixes=[CF_PREFIX], net={"hidden": 64})
+    cf = MLPDetector(data=spec, inputs={"kind": "features", "prefixes": [CF_PREFIX]}, net={"hidden": 64})
     assert all(n.startswith("cf/") for n in cf.selector.names) and cf.net.body[0].out_features == 64
     with pytest.raises(SiftError, match="no feature name starts with"):
-        LogisticDetector(data={**spec.as_dict(), "feature_names": ["beh/x"]}, inputs="features", prefixes=[CUE_PREFIX])
+        LogisticDetector(data={**spec.as_dict(), "feature_names": ["beh/x"]}, inputs={"kind": "features", "prefixes": [CUE_PREFIX]})
 
 
 def test_attribution_score_is_masked_mean():
     ch = organism_channel_names(4)
-    m = LogisticDetector(data={"channel_names": ch}, inputs="channel_mean", channel="attention_stability")
+    m = LogisticDetector(data={"channel_names": ch}, inputs={"kind": "channel_mean", "channel": "attention_stability"})
     x = torch.zeros(2, 4, 9)
     x[0, :, -1] = torch.tensor([1.0, 2.0, 3.0, 99.0])
     x[1, :, -1] = torch.tensor([4.0, 99.0, 99.0, 99.0])
@@ -89,7 +89,7 @@ def test_each_baseline_trains_through_lightning(dm, spec, kind, tmp_path):
 
 
 def test_logistic_without_flat_loader_fits_on_first_epoch(dm, spec, tmp_path):
-    m = LogisticDetector(data=spec, inputs="features", prefixes=[CUE_PREFIX])
+    m = LogisticDetector(data=spec, inputs={"kind": "features", "prefixes": [CUE_PREFIX]})
     tr = pl.Trainer(max_epochs=5, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                     enable_model_summary=False, default_root_dir=tmp_path)
     tr.fit(m, train_dataloaders=dm.train_dataloader(), val_dataloaders=dm.val_dataloader())

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from datamodules.batch import TraceBatch
-from datamodules.features import organism_channel_names
+from datamodules.features import ATTENTION_STABILITY, organism_channel_names
 from sift.detectors import SIFTDetector, SIFTNet
 from sift.detectors.fast_inference import INT8_PROB_ATOL, SIFTInference, fold_tcn
 
@@ -107,7 +107,7 @@ def _trace_batch(x, mask):
 
 def test_detector_inference_engine_matches_detector_probabilities():
     torch.manual_seed(0)
-    det = SIFTDetector(data={"channel_names": CH, "n_envs": 3}, use_attention_stability=False)
+    det = SIFTDetector(data={"channel_names": CH, "n_envs": 3}, drop_channels=[ATTENTION_STABILITY])
     x, mask = _batch(T=20)
     x = x * 3 + 1
     det.fit_input_stats([_trace_batch(x, mask)])  # a fitted standardiser with non-trivial mean/std

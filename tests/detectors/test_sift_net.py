@@ -119,12 +119,12 @@ def test_ablation_switches_remove_components():
     assert full.domain_classifier.net[-1].out_features == 3  # env ids
     assert SIFTDetector(data=DATA, objective={"dann_domain": "domain"}).domain_classifier.net[-1].out_features == 2
 
-    no_as = SIFTDetector(data=DATA, use_attention_stability=False)
+    no_as = SIFTDetector(data=DATA, drop_channels=[ATTENTION_STABILITY])
     assert no_as.in_channels == 8 and ATTENTION_STABILITY not in no_as.kept_channels
     assert all(c.in_channels == 8 for c in no_as.net.tcn.convs)
-    no_ec = SIFTDetector(data=DATA, use_early_commitment=False)
+    no_ec = SIFTDetector(data=DATA, drop_channels=[EARLY_COMMITMENT])
     assert no_ec.in_channels == 8 and EARLY_COMMITMENT not in no_ec.kept_channels
-    both = SIFTDetector(data=DATA, use_attention_stability=False, use_early_commitment=False, net={"use_tcn": False})
+    both = SIFTDetector(data=DATA, drop_channels=[ATTENTION_STABILITY, EARLY_COMMITMENT], net={"use_tcn": False})
     assert both.net.proj.in_features == 7
     # the dropped channel really is not read: changing it does not change the output
     x, mask = _inputs()
@@ -159,7 +159,7 @@ def test_unknown_channel_or_domain_kind_is_a_clear_error():
     from sift.errors import SiftError
 
     with pytest.raises(SiftError, match="attention_stability"):
-        SIFTDetector(data={**DATA, "channel_names": CH[:-1]}, use_attention_stability=False)
+        SIFTDetector(data={**DATA, "channel_names": CH[:-1]}, drop_channels=[ATTENTION_STABILITY])
     with pytest.raises(SiftError, match="dann_domain"):
         SIFTDetector(data=DATA, objective={"dann_domain": "task"})
     with pytest.raises(SiftError, match=r"detector.objective: unknown key\(s\) \['irm_lamda'\]"):
