@@ -161,7 +161,8 @@ class SIFTDetector(DetectorModule):
     ``scheduler``, ``objective``: see :class:`~sift.detectors.module.DetectorModule` (IRM and DANN on by default).
     Ablation switches (each removes its component): ``net.use_tcn`` (input goes straight to the projection),
     ``net.use_transformer``, ``objective.use_irm``, ``objective.use_dann`` (no domain classifier is built),
-    ``drop_channels`` (e.g. ``[attention_stability]``, ``[early_commitment]``: those channels are dropped from the input).
+    ``drop_channels`` (e.g. ``[attention_stability]``, ``[early_commitment]``: those channels are dropped from the
+    input).
     Channels are standardised with statistics fitted on training steps (``standardize``).
     """
 

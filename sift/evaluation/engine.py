@@ -77,6 +77,10 @@ class ReportOptions:
         return cls(**values)
 
 
+#: the defaults (a section called outside a report)
+DEFAULT_OPTIONS = ReportOptions()
+
+
 # ------------------------------------------------------------------------------------------ run grouping
 def run_key(p: Predictions) -> str:
     """Row name of a run: detector name, with ``[ablation]`` for ablated variants."""

@@ -28,13 +28,15 @@ def spec(dm):
 def test_prefix_selection(spec):
     cue = LogisticDetector(data=spec, inputs={"kind": "features", "prefixes": [CUE_PREFIX]})
     assert cue.selector.names and all(n.startswith("cue/") for n in cue.selector.names)
-    inst = MLPDetector(data=spec, inputs={"kind": "features", "prefixes": [BEHAVIOUR_PREFIX, INTERNAL_PREFIX]}, net={"hidden": 128})
+    inst = MLPDetector(data=spec, inputs={"kind": "features", "prefixes": [BEHAVIOUR_PREFIX, INTERNAL_PREFIX]},
+                       net={"hidden": 128})
     assert {n.split("/")[0] for n in inst.selector.names} == {"beh", "int"}
     assert inst.net.body[0].out_features == 128
     cf = MLPDetector(data=spec, inputs={"kind": "features", "prefixes": [CF_PREFIX]}, net={"hidden": 64})
     assert all(n.startswith("cf/") for n in cf.selector.names) and cf.net.body[0].out_features == 64
     with pytest.raises(SiftError, match="no feature name starts with"):
-        LogisticDetector(data={**spec.as_dict(), "feature_names": ["beh/x"]}, inputs={"kind": "features", "prefixes": [CUE_PREFIX]})
+        LogisticDetector(data={**spec.as_dict(), "feature_names": ["beh/x"]},
+                         inputs={"kind": "features", "prefixes": [CUE_PREFIX]})
 
 
 def test_attribution_score_is_masked_mean():

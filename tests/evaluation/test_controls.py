@@ -23,6 +23,7 @@ from sift.corpus.audit import (
 )
 from sift.errors import SiftError
 from sift.evaluation.control_rows import NOT_ABOVE, control_margins, with_group_rows
+from sift.evaluation.engine import ReportOptions
 from sift.evaluation.predictions import Pairs, Predictions
 
 
@@ -275,7 +276,8 @@ def test_margin_ci_keeps_the_number_of_test_items_in_every_replicate(monkeypatch
 
     monkeypatch.setattr(controls, "bootstrap_vector", spy)
     pairs = Pairs(*([np.array([], dtype=object)] * 4), np.array([], int), np.array([], int), np.array([], object))
-    res = main_table(rows, pairs, transfer={"held-out": {"det": [shifted]}}, n_resamples=40).results
+    res = main_table(rows, pairs, transfer={"held-out": {"det": [shifted]}},
+                     options=ReportOptions(n_resamples=40)).results
     assert res["n_items"] == 32 and len(seen) == 40
     names = sorted(set(items) | set(t_items))  # the table's item codes (sift.evaluation.analysis.Items)
     test_codes = {names.index(i) for i in set(items)}
@@ -298,7 +300,7 @@ def test_main_table_answers_the_same_capacity_question_against_text_sift_alone()
             "surface": [preds("surface", [0.6 if y else 0.4 for y in label][:20] + [0.5] * 20, label, items)],
             "text_sift": [preds("text_sift", [0.5] * 40, label, items)]}  # AUROC 0.5
     pairs = Pairs(*([np.array([], dtype=object)] * 4), np.array([], int), np.array([], int), np.array([], object))
-    sec = main_table(rows, pairs, n_resamples=50)
+    sec = main_table(rows, pairs, options=ReportOptions(n_resamples=50))
     det = sec.results["detectors"]["det"]
     # best control: surface (AUROC 0.875, as above) → margin 0.125; text_sift alone: 1 − 0.5 = 0.5
     assert det["margin_over_best_control"]["best_control"] == "surface"
@@ -310,6 +312,6 @@ def test_main_table_answers_the_same_capacity_question_against_text_sift_alone()
     assert "Δ AUROC vs text_sift (same capacity)" in sec.markdown and "+0.500 [" in sec.markdown
     # without a text_sift run the column is absent
     rows.pop("text_sift")
-    sec = main_table(rows, pairs, n_resamples=50)
+    sec = main_table(rows, pairs, options=ReportOptions(n_resamples=50))
     assert "margin_over_capacity_control" not in sec.results["detectors"]["det"]
     assert "same capacity" not in sec.markdown

@@ -8,6 +8,7 @@ import pytest
 from ev_toy import CERT, betting_reference, est
 from sklearn.metrics import roc_auc_score
 
+from sift.evaluation.engine import ReportOptions
 from sift.evaluation.predictions import Predictions
 from sift.evaluation.sections.ablations import ablation_table
 from sift.evaluation.sections.ensemble import ensemble_table
@@ -18,7 +19,7 @@ from sift.evaluation.sections.transfer_matrix import transfer_matrix
 
 def test_main_table_hand_values():
     runs = {"toy": [toy.predictions(0), toy.predictions(1)]}
-    s = main_table(runs, toy.pairs(), n_resamples=50, selective=CERT)
+    s = main_table(runs, toy.pairs(), options=ReportOptions(n_resamples=50, selective=CERT))
     r = s.results["detectors"]["toy"]
     assert s.results["axes"] == ["paraphrase", "hint_format"]
     # per-axis IVR, mean over the two seeds: paraphrase (2/4 + 0)/2, hint format (1/3 + 2/3)/2
@@ -53,7 +54,8 @@ def test_main_table_hand_values():
 def test_main_table_transfer_gap_and_infeasible_sgr():
     runs = {"toy": [toy.predictions(0)]}
     shifted = toy.predictions(0, split="transfer", probs={"i0/b": 0.2, "i1/b": 0.1})  # two positives now ranked low
-    s = main_table(runs, toy.pairs(), transfer={"cross-domain": {"toy": [shifted]}}, n_resamples=0)
+    s = main_table(runs, toy.pairs(), transfer={"cross-domain": {"toy": [shifted]}},
+                   options=ReportOptions(n_resamples=0))
     r = s.results["detectors"]["toy"]
     a_in = roc_auc_score(runs["toy"][0].label, runs["toy"][0].prob)
     a_tr = roc_auc_score(shifted.label, shifted.prob)
@@ -74,7 +76,8 @@ def test_main_table_transfer_gap_and_infeasible_sgr():
 def test_main_table_says_which_detector_lacks_a_transfer_run():
     runs = {"toy": [toy.predictions(0)], "other": [toy.predictions(1)]}
     shifted = toy.predictions(0, split="transfer")
-    s = main_table(runs, toy.pairs(), transfer={"cross-domain": {"toy": [shifted]}}, n_resamples=0)
+    s = main_table(runs, toy.pairs(), transfer={"cross-domain": {"toy": [shifted]}},
+                   options=ReportOptions(n_resamples=0))
     r = s.results["detectors"]["other"]
     assert est(r, "transfer_auroc/cross-domain") is None and est(r, "gap") is None
     assert r["transfer_auroc/cross-domain"]["reason"] == "no transfer run of this detector for cross-domain"
@@ -106,8 +109,9 @@ def test_ensemble_table_builds_average_and_gain():
 
 def test_selective_section_hand_values(tmp_path):
     runs = {"toy": [toy.predictions(0)], "copy": [toy.predictions(0, detector="copy")]}
-    s = selective_risk_section(runs, toy.pairs(), selective=CERT, coverages=[0.2, 1.0],
-                               reference="toy", out_dir=tmp_path, n_resamples=50)
+    s = selective_risk_section(runs, toy.pairs(), out_dir=tmp_path,
+                               options=ReportOptions(selective=CERT, coverages=(0.2, 1.0), reference="toy",
+                                                     n_resamples=50))
     r = s.results["detectors"]["toy"]
     # 5 errors of 15 at full coverage; the 3 most confident traces are correct
     assert r["by_coverage"]["1.0"]["risk"] == pytest.approx(5 / 15)
@@ -164,7 +168,7 @@ def test_transfer_matrix_figure_keeps_long_model_names(tmp_path):
 
 def test_ablation_table_relative_changes():
     ab = {"full": [toy.predictions(0)], "no_irm": [toy.predictions(1)]}
-    s = ablation_table(ab, toy.pairs(), n_resamples=0)
+    s = ablation_table(ab, toy.pairs(), options=ReportOptions(n_resamples=0))
     v = s.results["variants"]
     assert s.results["reference"] == "full"
     assert v["no_irm"]["ivr_change"] == pytest.approx((1 / 3 - 5 / 12) / (5 / 12))
@@ -189,11 +193,13 @@ def test_selective_section_explains_certified_runs_above_alpha():
 
     calib = {"d": [_run("calib", [False], n_items=60)]}
     bad = {"d": [_run("test", [True, True, True, False, False])]}
-    s = selective_risk_section(bad, None, calib=calib, selective=SelectiveConfig(alphas=(0.25,)), n_resamples=0)
+    s = selective_risk_section(bad, None, calib=calib,
+                               options=ReportOptions(selective=SelectiveConfig(alphas=(0.25,)), n_resamples=0))
     op = s.results["detectors"]["d"]["sgr"]["0.25"]["runs"][0]
     assert op["feasible"] and op["n_items"] == 60 and op["risk"] == pytest.approx(0.6)
     assert "failure event" in op["above_alpha"] and "failure event" in s.markdown
     noisy = {"d": [_run("test", [True] * 3 + [False] * 7, n_items=6)]}
-    s = selective_risk_section(noisy, None, calib=calib, selective=SelectiveConfig(alphas=(0.25,)), n_resamples=0)
+    s = selective_risk_section(noisy, None, calib=calib,
+                               options=ReportOptions(selective=SelectiveConfig(alphas=(0.25,)), n_resamples=0))
     op = s.results["detectors"]["d"]["sgr"]["0.25"]["runs"][0]
     assert op["risk"] == pytest.approx(0.3) and "sampling noise" in op["above_alpha"]

@@ -8,6 +8,7 @@ import pytest
 from ev_toy import CERT, est
 
 from sift.evaluation.analysis import Items, bootstrap_vector, split_strata
+from sift.evaluation.engine import ReportOptions
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.ensemble import ensemble_table
 from sift.evaluation.sections.main_table import main_table
@@ -92,8 +93,8 @@ def test_bootstrap_pool_is_the_evaluated_split_not_the_corpus():
                   base_item=[f"x{k}" for k in range(6)])
     corpus = Pairs(**{f: np.concatenate([getattr(pairs, f), getattr(extra, f)]) for f in
                       ("axis", "kind", "source_id", "shifted_id", "phi_source", "phi_shifted", "base_item")})
-    a = main_table(runs, pairs, n_resamples=200).results
-    b = main_table(runs, corpus, n_resamples=200).results
+    a = main_table(runs, pairs, options=ReportOptions(n_resamples=200)).results
+    b = main_table(runs, corpus, options=ReportOptions(n_resamples=200)).results
     assert a["n_items"] == b["n_items"] == 4   # i0..i3, not the 10 items the corpus's pairs name
     assert a["detectors"]["toy"]["ivr"] == b["detectors"]["toy"]["ivr"]
     assert a["detectors"]["toy"]["in_dist_auroc"] == b["detectors"]["toy"]["in_dist_auroc"]
@@ -124,7 +125,7 @@ def test_like_for_like_gap_next_to_the_papers_gap():
     held = cell([0.5, 0.5, 0.5, 0.5], items=("e", "f", "g", "h"), split="transfer", prefix="u")  # held out: 0.5
     own = cell([0.1, 0.6, 0.5, 0.9], prefix="v")                       # the transfer run's own test split: 0.75
     s = main_table(main, toy.pairs(), transfer={"cross-domain (boolean)": {"sift": [held]}},
-                   transfer_in_dist={"cross-domain (boolean)": {"sift": [own]}}, n_resamples=50)
+                   transfer_in_dist={"cross-domain (boolean)": {"sift": [own]}}, options=ReportOptions(n_resamples=50))
     r = s.results["detectors"]["sift"]
     assert est(r, "gap") == 0.5                                 # main run's 1.0 − held-out 0.5 (the paper's)
     assert est(r, "gap_like_for_like") == 0.25                  # transfer run's 0.75 − its held-out 0.5
@@ -137,10 +138,11 @@ def test_pooled_ivr_and_infeasible_seeds_count_as_zero():
     # seed 1: the 7 traces with rho >= 0.75 are all wrong -> CP bound 1 > alpha: infeasible
     wrong = {"i0/b": 0.05, "i0/p": 0.05, "i0/h": 0.05, "i2/a": 0.05, "i0/a": 0.95, "i2/b": 0.95, "i2/p": 0.95}
     runs = {"toy": [toy.predictions(0), toy.predictions(1, probs=wrong)]}
-    s = main_table(runs, toy.pairs(), selective=CERT, n_resamples=0)
+    s = main_table(runs, toy.pairs(), options=ReportOptions(selective=CERT, n_resamples=0))
     r = s.results["detectors"]["toy"]
     # seed 0: paraphrase 2/4 + hint 1/3 violations -> macro 5/12, pooled 3/7
-    r0 = main_table({"toy": [toy.predictions(0)]}, toy.pairs(), n_resamples=0).results["detectors"]["toy"]
+    r0 = main_table({"toy": [toy.predictions(0)]}, toy.pairs(),
+                    options=ReportOptions(n_resamples=0)).results["detectors"]["toy"]
     assert est(r0, "ivr") == pytest.approx(5 / 12) and est(r0, "ivr_pooled") == pytest.approx(3 / 7)
     assert [x["feasible"] for x in r["sgr"]] == [True, False] and r["n_feasible"] == 1
     # seed 0 certifies 7/15 traces (cert MFS = kappa = 7/15, see test_eval_tables); seed 1 counts as 0
@@ -156,7 +158,7 @@ def test_deterministic_detector_is_marked():
     twin = toy.predictions(0, "probe")
     twin.seed = 1
     s = main_table({"probe": [same, twin], "toy": [toy.predictions(0), toy.predictions(1)]}, toy.pairs(),
-                   n_resamples=0)
+                   options=ReportOptions(n_resamples=0))
     assert s.results["detectors"]["probe"]["deterministic"] and not s.results["detectors"]["toy"]["deterministic"]
     assert s.results["detectors"]["probe"]["seed_repeat"]["floor"] == 0.0
     assert "‡ probe: deterministic" in s.markdown and "seed_resample" in s.markdown
@@ -172,7 +174,7 @@ def test_rows_of_undertrained_runs_are_marked():
     done = toy.predictions(1, "sift")
     done.meta.update(converged=True, preset="quick")
     fitted = toy.predictions(0, "probe")
-    s = main_table({"sift": [capped, done], "probe": [fitted]}, toy.pairs(), n_resamples=0)
+    s = main_table({"sift": [capped, done], "probe": [fitted]}, toy.pairs(), options=ReportOptions(n_resamples=0))
     assert s.results["detectors"]["sift"]["undertrained"] == "undertrained (quick)"
     assert s.results["detectors"]["probe"]["undertrained"] is None
     assert "| sift ⚠ undertrained (quick) |" in s.markdown and "| probe |" in s.markdown
@@ -194,7 +196,7 @@ def test_rows_the_preset_declares_below_full_are_marked(tmp_path):
              "main/toy/seed0": {"test": Path(toy.predictions(0).save(tmp_path / "toy.npz"))}}
     preds = load_predictions(specs, files, below_full=["mlp"])
     by = {p.detector: [p] for p in preds}
-    s = main_table(by, toy.pairs(), n_resamples=0)
+    s = main_table(by, toy.pairs(), options=ReportOptions(n_resamples=0))
     assert s.results["detectors"]["mlp"]["undertrained"] == "undertrained (quick)"
     assert s.results["detectors"]["toy"]["undertrained"] is None
     assert "0.05 AUROC of the `full` preset" in s.markdown

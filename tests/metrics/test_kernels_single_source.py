@@ -24,7 +24,7 @@ import ev_toy as toy  # noqa: E402
 from sift.companion import _stats, system1  # noqa: E402
 from sift.evaluation import analysis, appendix_common, appendix_detectors  # noqa: E402, F401
 from sift.evaluation import training_metrics as metrics  # noqa: E402
-from sift.evaluation.engine import PredictionTable  # noqa: E402
+from sift.evaluation.engine import PredictionTable, ReportOptions  # noqa: E402
 from sift.evaluation.sections.main_table import main_table  # noqa: E402
 from sift.evaluation.sections.selective_risk import selective_risk_section  # noqa: E402
 from sift.evaluation.sections.transfer_matrix import transfer_matrix  # noqa: E402
@@ -65,7 +65,8 @@ def patch_kernel(monkeypatch, home, name: str, fake) -> list[str]:
 
 def _main(**kw):
     runs = {"toy": [toy.predictions(0), toy.predictions(1)]}
-    return main_table(runs, toy.pairs(), selective=toy.CERT, n_resamples=0, **kw).results["detectors"]["toy"]
+    return main_table(runs, toy.pairs(), **kw,
+                      options=ReportOptions(selective=toy.CERT, n_resamples=0)).results["detectors"]["toy"]
 
 
 # ------------------------------------------------------------------------------------- the kernels' callers
@@ -124,7 +125,8 @@ def test_binomial_bound_feeds_sgr_tables_appendix_and_companion(monkeypatch):
     cp = SelectiveConfig(0.1, 0.05, "clopper-pearson", (0.5,))
     assert cp.threshold([0.9, 0.8], [1, 0], None) == 0.5   # 0.0625 <= alpha
     cp = SelectiveConfig(bound="clopper-pearson")
-    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), selective=cp, n_resamples=0)
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(),
+                                 options=ReportOptions(selective=cp, n_resamples=0))
     assert sec.results["detectors"]["toy"]["by_coverage"]["1.0"]["bound"] == 0.0625
     assert _stats.clopper_pearson(3, 10)[1] == 0.0625
 
@@ -144,8 +146,8 @@ def test_item_bound_feeds_every_certificate(monkeypatch):
     assert selective.sgr([0.9, 0.8], [1, 0], 0.1, 0.05, [0.5], groups=["a", "b"]).bound_value == 0.125
     assert SelectiveConfig(0.1, 0.05, candidates=(0.5,)).threshold([0.9, 0.8], [1, 0], ["a", "b"]) == 0.5
     assert _main()["sgr"][0]["bound"] == 0.125
-    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), selective=toy.CERT,
-                                 n_resamples=0).results["detectors"]["toy"]
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(),
+                                 options=ReportOptions(selective=toy.CERT, n_resamples=0)).results["detectors"]["toy"]
     assert sec["sgr"]["0.7"]["bound"] == 0.125 and sec["by_coverage"]["1.0"]["bound"] == 0.125
     m = metrics.MetaFaithfulness(axes=["paraphrase"])
     m.update_traces(torch.tensor([0.9, 0.8]), torch.tensor([1, 1]), ["a", "b"])
@@ -222,11 +224,11 @@ def test_bootstrap_p_value_and_coverage_risk_kernels_feed_the_tables(monkeypatch
 
     patch_kernel(monkeypatch, bootstrap, "bootstrap_p_value", lambda r, null=0.0, floor=False: 0.0123)
     runs = {"sift": [toy.predictions(0)], "other": [toy.predictions(1, detector="other")]}
-    sec = selective_risk_section(runs, toy.pairs(), n_resamples=5)
+    sec = selective_risk_section(runs, toy.pairs(), options=ReportOptions(n_resamples=5))
     assert sec.results["comparisons"]["other"]["p_value"] == 0.0123
     b = appendix_helpers.cluster_bootstrap_many(lambda i: np.array([float(i.size)]), np.arange(4), 5)
     assert b.p_value().tolist() == [0.0123]
     patch_kernel(monkeypatch, selective, "top_coverage_counts", lambda rho, ok, c: (1, 4))
-    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), n_resamples=0)
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), options=ReportOptions(n_resamples=0))
     assert sec.results["detectors"]["toy"]["by_coverage"]["0.25"]["risk"] == 0.25
     assert selective.risk_at_coverage([0.9, 0.8], [1, 1], 0.5) == 0.25

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
 import ev_toy as toy  # noqa: E402
 
 from sift.evaluation.appendix_detectors import abstention_characterisation, label_noise_sensitivity  # noqa: E402
+from sift.evaluation.engine import ReportOptions
 from sift.evaluation.sections.main_table import main_table  # noqa: E402
 from sift.evaluation.sections.selective_risk import selective_risk_section  # noqa: E402
 from sift.evaluation.training_metrics import MetaFaithfulness  # noqa: E402
@@ -99,7 +100,8 @@ def test_matched_coverage_in_the_selective_risk_table_follows_the_tie_rule():
     # toy seed 0: ρ sorted .95 .9 .9 .9 .8 .8 .8 .7 .7 .65 .6 .6 .6 .55 .55; κ = 0.7 → 11th largest = 0.6, tied
     # three times → 13 of 15 certified (i3/b, i3/p are not). Certified pairs: paraphrase i0 ok, i1 flips, i2 ok
     # (1/3); hint i0 ok, i2 flips (1/2); altering i0 ok, i1 fails, i2 ok (2/3). MFS = 13/15 · HM(7/12, 2/3).
-    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(), n_resamples=0)  # κ = 0.70
+    sec = selective_risk_section({"toy": [toy.predictions(0)]}, toy.pairs(),
+                                 options=ReportOptions(n_resamples=0))  # κ = 0.70
     matched = sec.results["detectors"]["toy"]["matched"]
     hm = 2 * (7 / 12) * (2 / 3) / (7 / 12 + 2 / 3)
     assert matched["mfs"]["estimate"] == pytest.approx(13 / 15 * hm)
@@ -109,7 +111,8 @@ def test_matched_coverage_in_the_selective_risk_table_follows_the_tie_rule():
 
 def test_infeasible_certificate_gives_zero_in_the_table_and_the_callback():
     strict = SelectiveConfig(alpha=0.01, delta=0.05, candidates=(0.75,))
-    table = main_table({"toy": [toy.predictions(0)]}, toy.pairs(), selective=strict, n_resamples=0)
+    table = main_table({"toy": [toy.predictions(0)]}, toy.pairs(),
+                       options=ReportOptions(selective=strict, n_resamples=0))
     row = table.results["detectors"]["toy"]
     assert row["cert_mfs"]["estimate"] == 0.0
     p0, pr = toy.predictions(0), toy.pairs()

@@ -19,7 +19,7 @@ from sift.evaluation.analysis import (
     seed_mean,
     split_strata,
 )
-from sift.evaluation.engine import PredictionTable, ReportContext, runs_table
+from sift.evaluation.engine import DEFAULT_OPTIONS, PredictionTable, ReportContext, ReportOptions, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
     UNDERTRAINED_MARK,
@@ -33,7 +33,6 @@ from sift.evaluation.sections.registry import ReportSection, register_section
 from sift.metrics import (
     UndefinedMetricWarning,
 )
-from sift.metrics.selective import DEFAULT_SGR, SelectiveConfig
 from sift.report import Section, markdown_table
 from sift.report.numbers import fmt_cell
 
@@ -41,8 +40,7 @@ from sift.report.numbers import fmt_cell
 def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs, *,
                    transfer: Mapping[str, Sequence[Predictions]] | None = None,
                    calib: dict[str, list[Predictions]] | None = None, reference: str | None = None,
-                   selective: SelectiveConfig = DEFAULT_SGR, n_resamples: int = 1000, seed: int = 0,
-                   key: str = "ablations", title: str = "Ablations (Table 4)",
+                   options: ReportOptions = DEFAULT_OPTIONS, key: str = "ablations", title: str = "Ablations (Table 4)",
                    table: PredictionTable | None = None) -> Section:
     """Paper Table 4 (a): per variant (ablation name → its seed runs on the test split): in-distribution
     AUROC, IVR, AS, MFS (full coverage), SGR coverage and certified MFS, and — with ``transfer`` (variant →
@@ -52,6 +50,7 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
     """
     if not ablations:
         raise SiftError("ablation_table: no variants")
+    selective, n_resamples, seed = options.selective, options.n_resamples, options.seed
     variants = list(ablations)
     if reference is None:  # the variant trained without an ablation
         reference = next((v for v in variants if all(p.meta.get("ablation") in (None, "", "none")
@@ -123,6 +122,6 @@ class Ablations(ReportSection):
     def build(self, ctx: ReportContext) -> list[Section]:
         o = ctx.options
         return [ablation_table(v["test"], ctx.pairs, transfer=v["transfer"] or None, calib=v["calib"],
-                               selective=o.selective, key=f"ablations_{det}", title=f"Ablations of {det} (Table 4)",
-                               n_resamples=o.n_resamples, seed=o.seed, table=ctx.table)
+                               options=o, key=f"ablations_{det}", title=f"Ablations of {det} (Table 4)",
+                               table=ctx.table)
                 for det, v in ctx.ablations.items()]

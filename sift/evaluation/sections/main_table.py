@@ -35,7 +35,7 @@ from sift.evaluation.control_rows import (
     order_rows,
     with_group_rows,
 )
-from sift.evaluation.engine import PredictionTable, ReportContext, runs_table
+from sift.evaluation.engine import DEFAULT_OPTIONS, PredictionTable, ReportContext, ReportOptions, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
     DETERMINISTIC_MARK,
@@ -54,7 +54,6 @@ from sift.metrics import (
     UndefinedMetricWarning,
     seed_repeat_decomposition,
 )
-from sift.metrics.selective import DEFAULT_SGR, SelectiveConfig
 from sift.report import Section, markdown_table
 from sift.report.numbers import fmt, fmt_cell, fmt_ci
 
@@ -62,9 +61,9 @@ from sift.report.numbers import fmt, fmt_cell, fmt_ci
 def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                transfer: Mapping[str, Mapping[str, Sequence[Predictions]]] | None = None,
                transfer_in_dist: Mapping[str, Mapping[str, Sequence[Predictions]]] | None = None,
-               calib: dict[str, list[Predictions]] | None = None, selective: SelectiveConfig = DEFAULT_SGR,
-               n_resamples: int = 1000, seed: int = 0, key: str = "main_table",
-               title: str = "Main results (Table 1)", table: PredictionTable | None = None) -> Section:
+               calib: dict[str, list[Predictions]] | None = None, options: ReportOptions = DEFAULT_OPTIONS,
+               key: str = "main_table", title: str = "Main results (Table 1)",
+               table: PredictionTable | None = None) -> Section:
     """Paper Table 1: (a) in-distribution vs transfer AUROC and gap, (b) per-axis IVR (macro mean over axes and
     pooled over pairs), (c) seed-repeat decomposition, (d) IVR, AS, MFS (full coverage) and SGR coverage with
     certified IVR/AS/MFS, (e) seed stability (mean ± std of in-distribution AUROC over seeds, sample std ddof = 1).
@@ -80,6 +79,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     (c, c'): S = 1[φ̂_i(c) ≠ φ̂_j(c)], T = 1[φ̂_i(c) ≠ φ̂_i(c')], averaged over seed pairs, with a
     cluster-bootstrap CI on the overlap; it needs ≥ 2 seeds.
     """
+    selective, n_resamples, seed = options.selective, options.n_resamples, options.seed
     check_same_split(runs)
     rows = order_rows(group_runs(runs))  # detectors, then the shortcut controls (sift.evaluation.control_rows)
     if not rows:
@@ -298,7 +298,5 @@ class MainTable(ReportSection):
     order = 10
 
     def build(self, ctx: ReportContext) -> list[Section]:
-        o = ctx.options
         return [main_table(ctx.primary, ctx.pairs, transfer=ctx.transfer or None, transfer_in_dist=ctx.home or None,
-                           calib=ctx.calib, selective=o.selective, n_resamples=o.n_resamples, seed=o.seed,
-                           table=ctx.table)]
+                           calib=ctx.calib, options=ctx.options, table=ctx.table)]

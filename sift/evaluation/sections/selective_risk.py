@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from sift.evaluation.analysis import (
     seed_mean,
 )
 from sift.evaluation.control_rows import with_group_rows
-from sift.evaluation.engine import DEFAULT_COVERAGES, PredictionTable, ReportContext, runs_table
+from sift.evaluation.engine import DEFAULT_OPTIONS, PredictionTable, ReportContext, ReportOptions, runs_table
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
     ci_dict,
@@ -42,7 +42,7 @@ from sift.metrics import (
     select_top,
 )
 from sift.metrics.operating import OperatingPoint
-from sift.metrics.selective import DEFAULT_SGR, SelectiveConfig, selection_counts, top_coverage_counts
+from sift.metrics.selective import SelectiveConfig, selection_counts, top_coverage_counts
 from sift.report import Section, markdown_table
 from sift.report.numbers import fmt, fmt_ci
 
@@ -91,9 +91,8 @@ def _mfs_at(rd: RunData, prow: np.ndarray, trow: np.ndarray, coverage: float) ->
 
 def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | None = None, *,
                            calib: dict[str, list[Predictions]] | None = None,
-                           selective: SelectiveConfig = DEFAULT_SGR, coverages: Sequence[float] = DEFAULT_COVERAGES,
-                           reference: str | None = None, out_dir: str | Path | None = None,
-                           n_resamples: int = 1000, seed: int = 0, q: float = 0.05, key: str = "selective_risk",
+                           options: ReportOptions = DEFAULT_OPTIONS, out_dir: str | Path | None = None,
+                           q: float = 0.05, key: str = "selective_risk",
                            table: PredictionTable | None = None,
                            title: str = "Certified selective risk and risk–coverage (Table 3, Fig. 9)") -> Section:
     """Paper Table 3 (a), App. C.7.1/C.7.3 and Fig. 9, for every detector row (mean over seeds):
@@ -111,6 +110,8 @@ def selective_risk_section(runs: dict[str, list[Predictions]], pairs: Pairs | No
       The paper smooths curves by monotone regression; here they are shown raw.
     """
     check_same_split(runs)
+    selective, n_resamples, seed = options.selective, options.n_resamples, options.seed
+    coverages, reference = options.coverages, options.reference
     alphas, match_coverage = selective.alphas, selective.match_coverage
     rows = group_runs(runs)
     axes = preserving_axes(pairs)
@@ -302,7 +303,5 @@ class SelectiveRisk(ReportSection):
     def build(self, ctx: ReportContext) -> list[Section]:
         o = ctx.options
         reference = o.reference if o.reference in group_runs(ctx.primary) else None
-        return [selective_risk_section(ctx.primary, ctx.pairs, calib=ctx.calib, selective=o.selective,
-                                       coverages=o.coverages,
-                                       reference=reference, out_dir=ctx.out_dir, n_resamples=o.n_resamples,
-                                       seed=o.seed, table=ctx.table)]
+        return [selective_risk_section(ctx.primary, ctx.pairs, calib=ctx.calib,
+                                       options=replace(o, reference=reference), out_dir=ctx.out_dir, table=ctx.table)]
