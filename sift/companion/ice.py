@@ -170,12 +170,16 @@ def sample_null_sets(
 # ----------------------------------------------------------------------------------------------
 
 
+#: NSR is undefined when |s(x) − s(∅)| is below this (the ICE code's threshold) [C]
+NSR_MIN_DENOMINATOR = 0.05
+
+
 def normalized_score_retention(
     s_kept: float,
     s_full: float,
     s_empty: float,
     *,
-    min_denominator: float = 0.05,
+    min_denominator: float = NSR_MIN_DENOMINATOR,
     clip: float = 2.0,
     undefined: float = 0.0,
 ) -> float:
@@ -254,7 +258,7 @@ class ICEExampleResult:
     operator: str
     stats: WinRateResult  #: computed on raw retained scores
     nsr: float  #: NSR of the rationale (Eq. 1); ``undefined`` value when the denominator is tiny
-    nsr_defined: bool  #: s(x) − s(∅) > min_denominator
+    nsr_defined: bool  #: s(x) − s(∅) > NSR_MIN_DENOMINATOR
     s_full: float
     s_empty: float
     rationale: tuple[int, ...]
@@ -263,27 +267,31 @@ class ICEExampleResult:
     n_unique_null_sets: int
 
 
+def batched(score_one: Callable[[list], float]) -> Callable[[list[list]], np.ndarray]:
+    """A batch scorer (what :func:`ice_example` takes) from a per-sequence one, e.g. :func:`make_label_score_fn`'s."""
+    return lambda seqs: np.array([score_one(list(u)) for u in seqs], dtype=float)
+
+
 def ice_example(
     units: Sequence,
     attribution,
-    score_fn: Callable[[list], float],
+    score: Callable[[list[list]], np.ndarray],
     operators: Mapping[str, Operator] | Operator,
     *,
     k: float = 0.2,
     n_null: int | None = 50,
-    seed: int = 0,
+    seed: int | Sequence[int] = 0,
     valid_mask: np.ndarray | None = None,
-    s_full: float | None = None,
-    s_empty: float | None = None,
-    min_denominator: float = 0.05,
     min_valid: int = 10,
 ) -> dict[str, ICEExampleResult] | None:
     """ICE on one example under one or several operators [P Alg. 1; A2.10: same null sets across operators].
 
-    ``score_fn(units) -> float`` is s(·), the probability of the class predicted on the full input.
-    Units outside ``valid_mask`` (e.g. the prompt template) are never selected, sampled or intervened on
-    (content-span mode [R]). ``s_empty`` defaults to ``score_fn([])`` (template with empty content).
-    ``n_null=None`` enumerates all C(n, q) sets. Returns None when n_valid ≤ q (WR undefined) [R].
+    ``score(seqs) -> array`` gives s(·), the probability of the class predicted on the full input, for a batch
+    of unit sequences; each operator is scored as one batch [x, ∅, op(rationale), op(null set) …], with
+    ∅ = the template with empty content. Units outside ``valid_mask`` (e.g. the prompt template) are never
+    selected, sampled or intervened on (content-span mode [R]). ``seed`` seeds the null sets (any
+    ``numpy.random.default_rng`` seed). ``n_null=None`` enumerates all C(n, q) sets. Returns None when
+    n_valid ≤ q (WR undefined) [R].
     """
     n = len(units)
     scores = np.asarray(attribution, dtype=float)
@@ -297,27 +305,29 @@ def ice_example(
     if pos.size <= q:
         return None
     rationale = top_k_rationale(scores, k, valid)
-    rng = np.random.default_rng(seed)
-    null_sets = sample_null_sets(pos, q, n_null, rng)
+    null_sets = sample_null_sets(pos, q, n_null, np.random.default_rng(seed))
     n_unique = len({tuple(s) for s in null_sets.tolist()})
     ops = operators if isinstance(operators, Mapping) else {getattr(operators, "__name__", "operator"): operators}
-    s_x = float(score_fn(list(units))) if s_full is None else float(s_full)
-    s_0 = float(score_fn([])) if s_empty is None else float(s_empty)
+    units = list(units)
+    empty = delete(units, ~valid)
 
     def keep_for(sel: np.ndarray) -> np.ndarray:
         keep = ~valid
-        keep[sel] = True
+        keep[np.asarray(sel, int)] = True
         return keep
 
     out: dict[str, ICEExampleResult] = {}
     for name, op in ops.items():
-        obs = float(score_fn(op(units, keep_for(rationale))))
-        nul = np.array([score_fn(op(units, keep_for(s))) for s in null_sets], dtype=float)
+        seqs = [units, empty, op(units, keep_for(rationale))] + [op(units, keep_for(s)) for s in null_sets]
+        sc = np.asarray(score(seqs))
+        if sc.shape != (len(seqs),):
+            raise SiftError(f"ice_example: score returned shape {sc.shape} for {len(seqs)} sequences")
+        s_x, s_0, obs, nul = float(sc[0]), float(sc[1]), float(sc[2]), sc[3:]
         out[name] = ICEExampleResult(
             operator=name,
             stats=win_rate_test(obs, nul, min_valid=min_valid),
-            nsr=normalized_score_retention(obs, s_x, s_0, min_denominator=min_denominator),
-            nsr_defined=(s_x - s_0) > min_denominator,
+            nsr=normalized_score_retention(obs, s_x, s_0),
+            nsr_defined=(s_x - s_0) > NSR_MIN_DENOMINATOR,
             s_full=s_x,
             s_empty=s_0,
             rationale=tuple(int(i) for i in rationale),

@@ -330,37 +330,22 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], settings:
     for n_ex, (p, valid) in enumerate(tqdm(list(zip(prepared, masks)), desc="ICE", disable=not progress)):
         units = list(p.ids)
         pos = np.flatnonzero(valid)
-        q = ice.rationale_size(pos.size, k)
-        if pos.size <= q:
-            continue
+        if pos.size <= ice.rationale_size(pos.size, k):  # ice_example's skip, checked before the attributions
+            continue                                     # draw from rng_attr
         pool = ice.build_retrieval_pool(corpus, p.trace["base_item"], blacklist=banned)
-        empty = ice.delete(units, ~valid)
-        null_sets = ice.sample_null_sets(pos, q, st.n_null, np.random.default_rng([seed, n_ex]))
-        n_unique = len({tuple(s) for s in null_sets.tolist()})
 
-        def keep_for(sel, valid=valid) -> np.ndarray:
-            kp = ~valid
-            kp[np.asarray(sel, int)] = True
-            return kp
+        def score(seqs, p=p) -> np.ndarray:  # deletions may shift the CoT start
+            return scorer.probs(seqs, p.space_ids, p.latent)[:, p.pred]
 
         attrs = {e: token_attribution(src, p, e, rng_attr) for e in explainers}
         for e in explainers:
-            rat = ice.top_k_rationale(attrs[e], k, valid)
+            # retrieval is seeded per (example, explainer): the rationale gets one draw, each null set a fresh one
+            ops = {o: ice.delete if o == "deletion" else ice.RetrievalInfill(pool, seed=int.from_bytes(
+                hashlib.sha256(f"{seed}:{n_ex}:{e}".encode()).digest()[:4], "little")) for o in operators}
+            res = ice.ice_example(units, attrs[e], score, ops, k=k, n_null=st.n_null, seed=[seed, n_ex],
+                                  valid_mask=valid)
             for o in operators:
-                if o == "deletion":
-                    op = ice.delete
-                else:  # seeded per (example, explainer): the rationale gets one draw, each null set a fresh one
-                    op = ice.RetrievalInfill(pool, seed=int.from_bytes(
-                        hashlib.sha256(f"{seed}:{n_ex}:{e}".encode()).digest()[:4], "little"))
-                seqs = [units, empty, op(units, keep_for(rat))] + [op(units, keep_for(s)) for s in null_sets]
-                sc = scorer.probs(seqs, p.space_ids, p.latent)[:, p.pred]  # deletions may shift the CoT start
-                s_full, s_empty, obs, nul = sc[0], sc[1], sc[2], sc[3:]
-                rows[(e, o)].append((p.phi, p.trace["base_item"], ice.ICEExampleResult(
-                    operator=o, stats=ice.win_rate_test(float(obs), nul),
-                    nsr=ice.normalized_score_retention(float(obs), float(s_full), float(s_empty)),
-                    nsr_defined=bool(s_full - s_empty > 0.05), s_full=float(s_full), s_empty=float(s_empty),
-                    rationale=tuple(int(i) for i in rat), q=q, n_valid_units=int(pos.size),
-                    n_unique_null_sets=n_unique)))
+                rows[(e, o)].append((p.phi, p.trace["base_item"], res[o]))
         if not st.step_level or len(p.steps) < 2:
             continue
         prompt, ans = p.ids[:p.n_prompt], p.ids[p.n_prompt + p.n_cot:]

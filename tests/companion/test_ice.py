@@ -52,7 +52,7 @@ def _bow_score(w):
     def s(units):
         return 1.0 / (1.0 + math.exp(-sum(w[u] for u in units)))
 
-    return s
+    return ice.batched(s)
 
 
 def test_linear_bow_oracle_anti_random():
@@ -94,9 +94,9 @@ def test_rationale_size_and_skip():
     assert ice.rationale_size(3, 0.2) == 1
     assert ice.rationale_size(10, 0.2) == 2
     assert ice.rationale_size(100, 0.29) == 29
-    assert ice.ice_example([0], [1.0], lambda u: 0.5, ice.delete) is None  # n ≤ q
+    assert ice.ice_example([0], [1.0], ice.batched(lambda u: 0.5), ice.delete) is None  # n ≤ q
     with pytest.raises(SiftError):
-        ice.ice_example([0, 1], [1.0, 0.0], lambda u: 0.5, ice.delete, valid_mask=[0, 0])
+        ice.ice_example([0, 1], [1.0, 0.0], ice.batched(lambda u: 0.5), ice.delete, valid_mask=[0, 0])
 
 
 def test_valid_mask_keeps_template():
@@ -107,8 +107,9 @@ def test_valid_mask_keeps_template():
         seen.append(tuple(u))
         return 0.5
 
-    ice.ice_example(units, np.arange(7.0), score, ice.delete, valid_mask=[0, 1, 1, 1, 1, 1, 0], n_null=10, s_empty=0.1)
-    for u in seen[1:]:
+    ice.ice_example(units, np.arange(7.0), ice.batched(score), ice.delete, valid_mask=[0, 1, 1, 1, 1, 1, 0], n_null=10)
+    assert seen[0] == tuple(units) and seen[1] == ("T", "S")  # x, then ∅: the template with empty content
+    for u in seen[2:]:
         assert u[0] == "T" and u[-1] == "S" and len(u) == 3  # template kept, q = 1 content unit
 
 
@@ -247,3 +248,18 @@ def test_summary_ci_resamples_base_items_when_given():
         ice.ice_summary(rs, groups=items[:3])
     c = bootstrap_mean_ci([0.1, np.nan, 0.3], n_resamples=50, groups=["a", "b", "a"])  # NaN dropped with its group
     assert c.estimate == pytest.approx(0.2) and c.low == c.high == pytest.approx(0.2)
+
+
+def test_ice_example_scores_one_batch_per_operator_and_checks_its_shape():
+    units, w = list(range(10)), np.zeros(10)
+    w[[2, 7]] = 3.0
+    batches = []
+
+    def score(seqs):
+        batches.append(len(seqs))
+        return _bow_score(w)(seqs)
+
+    ice.ice_example(units, w, score, {"a": ice.delete, "b": ice.delete}, n_null=5, seed=[1, 2])
+    assert batches == [3 + 5, 3 + 5]  # x, ∅, the rationale and 5 null sets, once per operator
+    with pytest.raises(SiftError, match=r"score returned shape \(2,\) for 8 sequences"):
+        ice.ice_example(units, w, lambda seqs: np.zeros(2), ice.delete, n_null=5)

@@ -69,10 +69,10 @@ def test_label_score_fn_and_ice_end_to_end(model):
     assert fn(IDS) == pytest.approx(p.max())  # predicted class fixed on the full input
     assert fn([]) == pytest.approx(ice.label_probabilities(model, [1, 2, 3], labels)[int(p.argmax())])
     attr = ice.gradient_attribution(model, [1, 2] + IDS + [3], labels[int(p.argmax())])[2:-1]
-    res = ice.ice_example(IDS, attr, fn, {"delete": ice.delete}, n_null=None)["delete"]
+    res = ice.ice_example(IDS, attr, ice.batched(fn), {"delete": ice.delete}, n_null=None)["delete"]
     assert res.q == 1 and res.n_unique_null_sets == 7
     assert res.stats.n_null == 7 and np.isnan(res.stats.win_rate)  # 7 < min_valid=10 → NaN stats
-    res = ice.ice_example(IDS, attr, fn, {"delete": ice.delete}, n_null=None, min_valid=1)["delete"]
+    res = ice.ice_example(IDS, attr, ice.batched(fn), {"delete": ice.delete}, n_null=None, min_valid=1)["delete"]
     expected = np.mean([fn([IDS[int(np.argmax(attr))]]) > fn([t]) for t in IDS])
     assert res.stats.win_rate == pytest.approx(expected)
 
