@@ -103,6 +103,7 @@ class FaithShiftConfig:
     workers: int = MISSING
     torch_threads: int = MISSING
     wandb: bool = MISSING
+    wandb_project: str = MISSING
     executor: Any = MISSING
 
 

@@ -26,6 +26,10 @@ def member_seeds(seed: int, n_members: int) -> list[int]:
     return [seed * n_members + i for i in range(n_members)]
 
 
+#: the entry of an ensemble file (:meth:`EnsembleDetector.save`): members, name, ``of`` (the members' detector)
+ENSEMBLE_FILE_KEY = "sift_ensemble"
+
+
 class EnsembleDetector(DetectorModule):
     """Probability average of ``members`` (any detectors). Not trainable itself."""
 
@@ -66,17 +70,19 @@ class EnsembleDetector(DetectorModule):
 
     def save(self, path: str | Path, member_paths: Sequence[str | Path]) -> None:
         """Write a small ensemble file: member checkpoint paths + the frozen threshold."""
-        torch.save({"sift_ensemble": {"members": [str(p) for p in member_paths], "name": self.detector_name,
-                                      "threshold": float(self.threshold),
-                                      "threshold_method": self.threshold_method}}, str(path))
+        names = {m.detector_name for m in self.members}
+        torch.save({ENSEMBLE_FILE_KEY: {"members": [str(p) for p in member_paths], "name": self.detector_name,
+                                        "of": names.pop() if len(names) == 1 else None,
+                                        "threshold": float(self.threshold),
+                                        "threshold_method": self.threshold_method}}, str(path))
 
     @classmethod
     def load(cls, path: str | Path) -> EnsembleDetector:
         from sift.checkpoints import load_checkpoint
 
-        info = load_checkpoint(path, what="ensemble file").get("sift_ensemble")
+        info = load_checkpoint(path, what="ensemble file").get(ENSEMBLE_FILE_KEY)
         if not isinstance(info, dict) or not isinstance(info.get("members"), list):
-            raise SiftError(f"{path}: not a sift ensemble file (no 'sift_ensemble' entry)")
+            raise SiftError(f"{path}: not a sift ensemble file (no {ENSEMBLE_FILE_KEY!r} entry)")
         ens = cls.from_checkpoints(info["members"], name=info["name"], threshold_method=info["threshold_method"])
         ens.threshold.fill_(info["threshold"])
         return ens

@@ -217,9 +217,20 @@ def preserving_axes(pairs: Pairs | None, order: Sequence[str] | None = None) -> 
     return first + sorted(present - set(first))
 
 
+def ensemble_row(name: str) -> str:
+    """The table row of detector ``name``'s seed ensemble."""
+    return f"{name} (ensemble)"
+
+
+def is_ensemble_row(runs: Sequence[Predictions]) -> bool:
+    """A row of seed ensembles (every run has seed None)."""
+    return bool(runs) and all(p.seed is None for p in runs)
+
+
 def group_runs(runs: dict[str, list[Predictions]]) -> dict[str, list[Predictions]]:
-    """Rows of a table: each detector's seed runs under its name; runs with seed None (ensembles) under
-    ``"<name> (ensemble)"`` unless the name already says ensemble."""
+    """Rows of a table: each detector's seed runs under its name; runs with seed None (seed ensembles) under
+    :func:`ensemble_row` of it, unless they are the only runs of that name and their run spec names another
+    detector as their members' (:attr:`Predictions.ensemble_of`: an ensemble file named e.g. ``sift_ensemble``)."""
     out: dict[str, list[Predictions]] = {}
     for name, lst in runs.items():
         if not isinstance(lst, (list, tuple)):
@@ -228,8 +239,9 @@ def group_runs(runs: dict[str, list[Predictions]]) -> dict[str, list[Predictions
         ens = [p for p in lst if p.seed is None]
         if seeds:
             out.setdefault(name, []).extend(seeds)
-        if ens:
-            en = name if ("ensemble" in name.lower()) and not seeds else f"{name} (ensemble)"
+        if ens:  # a run named after its members' detector (or of unknown members) is that detector's ensemble row
+            own = not seeds and all(p.ensemble_of not in (None, name) for p in ens)
+            en = name if own else ensemble_row(name)
             out.setdefault(en, []).extend(ens)
     return {k: v for k, v in out.items() if v}
 

@@ -15,7 +15,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from sift.errors import SiftError
-from sift.evaluation.analysis import seed_mean
+from sift.evaluation.analysis import ensemble_row, seed_mean
 from sift.evaluation.appendix_common import (
     JointRows,
     Runs,
@@ -111,12 +111,12 @@ def factorial_decomposition(
     ens_stacks = []
     for n, st in zip(names, stacks):
         if ensembles and n in ensembles:
-            e = table.stack(n + "_ensemble", [ensembles[n]])
+            e = table.stack(ensemble_row(n), [ensembles[n]])
         else:
             if st.n_seeds < 2:
                 raise SiftError(f"factorial: run {n!r} has {st.n_seeds} seed; the ensemble factor needs ≥ 2 "
                                 "(or pass ensembles=)")
-            e = st.with_prob(st.prob.mean(axis=0), np.array([st.threshold.mean()]), n + "_ensemble")
+            e = st.with_prob(st.prob.mean(axis=0), np.array([st.threshold.mean()]), ensemble_row(n))
         ens_stacks.append(e)
     aligned = _common_traces(stacks + ens_stacks)
     stacks, ens_stacks = aligned[:4], aligned[4:]

@@ -32,6 +32,7 @@ from sift.evaluation.analysis import (
     bootstrap_vector,
     common_items,
     group_runs,
+    is_ensemble_row,
     num,
     preserving_axes,
 )
@@ -88,7 +89,7 @@ def control_margins(rows: Mapping[str, Sequence[Predictions]], n_resamples: int 
     every replicate keeps each split's number of items; ``table``: the prediction table holding the runs, built
     from them when None; ``among``: the controls to choose the best from, all when None). Empty when there is no
     such control row; control rows get none."""
-    ctrl = {k: v for k, v in rows.items() if is_control(k) and "ensemble" not in k and (among is None or k in among)}
+    ctrl = {k: v for k, v in rows.items() if is_control(k) and not is_ensemble_row(v) and (among is None or k in among)}
     if not ctrl:
         return {}
     items = items or common_items([p for v in rows.values() for p in v])

@@ -211,7 +211,7 @@ def log_wandb(cfg: DictConfig, report_dir: Path, results_path: Path) -> str | No
     except ImportError:  # pragma: no cover
         return None
     numbers = _flatten(json.loads(results_path.read_text()))
-    run = wandb.init(project="sift", job_type="faithshift", dir=str(report_dir), mode=mode,
+    run = wandb.init(project=str(cfg.wandb_project), job_type="faithshift", dir=str(report_dir), mode=mode,
                      name=f"faithshift-{cfg.preset_name}", config=OmegaConf.to_container(cfg, resolve=True),
                      reinit=True)
     run.summary.update(numbers)

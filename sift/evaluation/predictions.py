@@ -22,6 +22,10 @@ from sift.metrics.selective import gate
 _ARRAYS = ("trace_id", "base_item", "domain", "model", "condition", "label", "prob")
 
 
+#: ``Predictions.meta`` key of a seed ensemble's run spec: the detector whose seeds it averages
+ENSEMBLE_OF = "ensemble_of"
+
+
 @dataclass
 class Predictions:
     """Per-trace outputs of one detector run. ``prob`` is P(faithful) (label 1 = φ* = 1 = faithful)."""
@@ -38,6 +42,12 @@ class Predictions:
     label: np.ndarray  # [N] int, verified φ*
     prob: np.ndarray  # [N] float, detector's P(faithful)
     meta: dict[str, Any] = field(default_factory=dict)  # config hash, run folder, trained-on, ...
+
+    @property
+    def ensemble_of(self) -> str | None:
+        """The detector a seed ensemble averages (its run spec's, :data:`ENSEMBLE_OF`); None when unknown."""
+        of = self.meta.get(ENSEMBLE_OF)
+        return None if of is None else str(of)
 
     def __post_init__(self) -> None:
         for name in _ARRAYS:

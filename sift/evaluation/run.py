@@ -33,7 +33,7 @@ import numpy as np
 from sift.errors import SiftError
 from sift.evaluation.analysis import CALIB_SPLIT
 from sift.evaluation.engine import DEFAULT_COVERAGES, PredictionTable, ReportContext, ReportOptions
-from sift.evaluation.predictions import Pairs, Predictions
+from sift.evaluation.predictions import ENSEMBLE_OF, Pairs, Predictions
 from sift.report import Section, write_report
 
 PAIRS_FILE = "pairs.npz"
@@ -94,6 +94,7 @@ def _from_results(run_dir: Path, rec: Mapping[str, Any], name: str | None, seed:
     if rec.get("kind") == "ensemble":
         path = rec.get("ensemble_file") or str(run_dir / "ensemble.pt")
         meta["member_seeds"] = rec.get("member_seeds")
+        meta[ENSEMBLE_OF] = str(rec.get("detector"))
         return DetectorSpec(str(path), "ensemble", name or str(rec.get("detector")), None, meta)
     ckpt = rec.get("best_ckpt") or rec.get("last_ckpt")
     if not ckpt or not Path(ckpt).is_file():
@@ -105,6 +106,7 @@ def _from_results(run_dir: Path, rec: Mapping[str, Any], name: str | None, seed:
 def resolve_detectors(entries: Iterable[Any]) -> list[DetectorSpec]:
     """Turn ``cfg.detectors`` entries (paths, globs, ``{path, name, seed}``) into :class:`DetectorSpec` s."""
     from sift.checkpoints import check_local, is_remote, load_checkpoint
+    from sift.detectors.ensemble import ENSEMBLE_FILE_KEY
 
     specs: list[DetectorSpec] = []
     for entry in entries:
@@ -130,9 +132,10 @@ def resolve_detectors(entries: Iterable[Any]) -> list[DetectorSpec]:
                 specs += [_from_results(d, r, name, seed) for d, r in recs]
             elif p.is_file():
                 info = load_checkpoint(p, what="detector checkpoint or ensemble file")
-                if isinstance(info, dict) and "sift_ensemble" in info:
-                    specs.append(DetectorSpec(str(p), "ensemble", name or info["sift_ensemble"]["name"], None,
-                                              {"file": str(p)}))
+                if isinstance(info, dict) and ENSEMBLE_FILE_KEY in info:
+                    ens = info[ENSEMBLE_FILE_KEY]
+                    specs.append(DetectorSpec(str(p), "ensemble", name or ens["name"], None,
+                                              {"file": str(p), ENSEMBLE_OF: ens.get("of")}))
                     continue
                 if not (isinstance(info, dict) and "sift_detector" in info):
                     raise SiftError(f"{p}: not a sift detector checkpoint or ensemble file")

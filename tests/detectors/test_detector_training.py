@@ -106,6 +106,12 @@ def test_instance_level_ensemble(compose_train, tmp_path):
     val = ens.predict_loader(dm.val_dataloader())
     assert float(ens.threshold) == pytest.approx(fit_threshold(val["prob"].numpy(), val["label"].numpy()))
     assert rec["metrics"]["test/auroc"] > 0.6
+    # the run spec of the ensemble (run folder or ensemble file) names the members' detector: its role, not its name
+    from sift.evaluation.run import resolve_detectors
+
+    for entry in (str(tmp_path / "run"), rec["ensemble_file"]):
+        (spec,) = resolve_detectors([entry])
+        assert spec.kind == "ensemble" and spec.meta["ensemble_of"] == "instance_level"
 
 
 def test_git_state_reads_commit_without_git(tmp_path, monkeypatch):

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from ev_toy import CERT, est
 
-from sift.evaluation.analysis import Items, bootstrap_vector, split_strata
+from sift.evaluation.analysis import Items, bootstrap_vector, group_runs, is_ensemble_row, split_strata
 from sift.evaluation.engine import ReportOptions
-from sift.evaluation.predictions import Pairs, Predictions
+from sift.evaluation.predictions import ENSEMBLE_OF, Pairs, Predictions
 from sift.evaluation.sections.ensemble import ensemble_table
 from sift.evaluation.sections.main_table import main_table
 from sift.evaluation.sections.transfer_matrix import IN_DIST, transfer_matrix
@@ -68,10 +68,29 @@ def test_ensemble_table_keeps_a_seeded_detector_named_ensemble_whole():
     assert est(r, "single_mfs") == pytest.approx((7 / 13 + 4 / 7) / 2)
     assert est(r, "ensemble_ivr") == pytest.approx(11 / 24) and est(r, "ensemble_mfs") == pytest.approx(13 / 25)
     assert est(r, "gain") == pytest.approx(13 / 25 - (7 / 13 + 4 / 7) / 2)
-    # a seed-less run named <base>_ensemble is <base>'s seed ensemble
-    runs = {"sift": [toy.predictions(0, "sift"), toy.predictions(1, "sift")], "sift_ensemble": [toy.predictions(None)]}
+    # a seed-less run whose run spec names <base> as its members' detector is <base>'s seed ensemble, whatever
+    # its name; without that role it is an ensemble row of its own (names are not read)
+    ens = toy.predictions(None, "sift_ensemble")
+    ens.meta[ENSEMBLE_OF] = "sift"
+    runs = {"sift": [toy.predictions(0, "sift"), toy.predictions(1, "sift")], "sift_ensemble": [ens]}
     s = ensemble_table(runs, toy.pairs(), n_resamples=0)
     assert list(s.results["detectors"]) == ["sift"] and s.results["built_here"] == []
+    runs["sift_ensemble"] = [toy.predictions(None, "sift_ensemble")]
+    s = ensemble_table(runs, toy.pairs(), n_resamples=0)
+    assert list(s.results["detectors"]) == ["sift", "sift_ensemble"] and s.results["built_here"] == ["sift"]
+
+
+def test_ensemble_rows_come_from_the_run_spec_not_the_name():
+    seeds = [toy.predictions(0, "sift"), toy.predictions(1, "sift")]
+    of_sift = toy.predictions(None, "sift")
+    of_sift.meta[ENSEMBLE_OF] = "sift"
+    assert list(group_runs({"sift": [*seeds, of_sift]})) == ["sift", "sift (ensemble)"]
+    assert list(group_runs({"sift": [of_sift]})) == ["sift (ensemble)"]   # its members' detector: a suffix
+    named = toy.predictions(None, "my_avg")
+    named.meta[ENSEMBLE_OF] = "sift"
+    assert list(group_runs({"my_avg": [named]})) == ["my_avg"]            # an ensemble file of its own name
+    assert list(group_runs({"x_ensemble": [toy.predictions(None, "x_ensemble")]})) == ["x_ensemble (ensemble)"]
+    assert is_ensemble_row([of_sift]) and not is_ensemble_row([*seeds, of_sift]) and not is_ensemble_row([])
 
 
 def test_ensemble_table_seed_ensemble_auroc():

@@ -76,9 +76,10 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                    n_resamples: int = 1000, seed: int = 0, q: float = 0.05, key: str = "ensemble_comparison",
                    title: str = "Ensemble comparison (Table 8)") -> Section:
     """Paper Table 8: IVR, AS, MFS at full coverage of each detector's single-seed runs (mean over seeds) and of
-    its seed ensemble, and the gain in MFS. Ensembles are the runs with ``seed=None`` (or detectors named
-    ``"<name>_ensemble"``); with ``build_missing`` a detector with ≥ 2 seeds and no ensemble gets the
-    probability average of its seeds (:func:`_ensemble_for`; ``val``: the validation predictions that freeze its
+    its seed ensemble, and the gain in MFS. Ensembles are the runs with ``seed=None``, of the detector their run
+    spec names (:attr:`Predictions.ensemble_of`, else of their own name); with ``build_missing`` a detector
+    with ≥ 2 seeds and no ensemble gets the probability average of its seeds (:func:`_ensemble_for`; ``val``:
+    the validation predictions that freeze its
     threshold). A run with a seed is always a single-seed run of its own name (e.g. the per-seed
     ``instance_ensemble``). Per detector, a paired test compares the invariance (verdict kept) of the first seed
     and of the ensemble on the same preserving pairs: McNemar made cluster-aware, an exact sign-flip test over
@@ -94,9 +95,8 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                 singles.setdefault(name, []).append(p)
     for name, lst in runs.items():
         for p in as_list(lst):
-            if p.seed is None:  # a seed ensemble: of `<base>` when named `<base>_ensemble` and `<base>` has seeds
-                base = name[: -len("_ensemble")] if name.endswith("_ensemble") else name
-                base = base if base in singles else name
+            if p.seed is None:  # a seed ensemble: of the detector its run spec names, when that one has seeds here
+                base = p.ensemble_of if p.ensemble_of in singles else name
                 if base in ens:
                     raise SiftError(f"ensemble_table: two seed ensembles of {base!r} (give them distinct names)")
                 ens[base] = p

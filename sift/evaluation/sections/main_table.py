@@ -22,6 +22,7 @@ from sift.evaluation.analysis import (
     check_same_split,
     common_items,
     group_runs,
+    is_ensemble_row,
     num,
     preserving_axes,
     seed_mean,
@@ -215,7 +216,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
         md += ["", f"{DETERMINISTIC_MARK} {', '.join(det)}: {DETERMINISTIC_NOTE}"]
     md += undertrained_note({r: v["undertrained"] for r, v in results["detectors"].items() if v["undertrained"]})
     if margins:
-        ctrl = ", ".join(r for r in rows if is_control(r) and "ensemble" not in r)
+        ctrl = ", ".join(r for r, v in rows.items() if is_control(r) and not is_ensemble_row(v))
         md += ["", "Δ AUROC vs best control: the detector's in-distribution AUROC minus that of the best shortcut "
                f"control (text only or prompt only: {ctrl}) on the same test traces, paired "
                f"cluster-bootstrap 95 % CI with the table's split-stratified draws (unit: base item); "
