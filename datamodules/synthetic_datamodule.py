@@ -25,8 +25,9 @@ a list of TraceBatch (one per environment; ``train_mode="env_lists"``) or one mi
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytorch_lightning as pl
@@ -70,27 +71,66 @@ class EnvListLoader:
         return (list(bs) for bs in zip(*self.loaders))
 
 
-class SyntheticDataModule(pl.LightningDataModule):
-    """See the module docstring. ``data_seed`` fixes the data; the run seed only drives the order."""
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """What the synthetic traces are (the ``generator`` node): sizes, signal and noise, the spurious channel's
+    agreement with the label per environment (and in the shifted one), the item splits. ``data_seed`` fixes
+    the data."""
 
-    def __init__(self, n_items: int = 400, n_envs: int = 3, n_domains: int = 2, n_layers: int = 4,
-                 t_min: int = 16, t_max: int = 32, pooled_dim: int = 16, noise: float = 0.3,
-                 bump_height: float = 1.0, shape_noise: float = 0.0, spurious_scale: float = 1.0,
-                 spurious_agree: Sequence[float] = (0.95, 0.85, 0.75), shift_agree: float = 0.1,
-                 env_offset: float = 1.0, splits: Sequence[float] = (0.6, 0.15, 0.25), batch_size: int = 32,
-                 eval_batch_size: int = 256, train_mode: str = "env_lists", data_seed: int = 0,
-                 num_workers: int = 0, name: str = "synthetic") -> None:
+    n_items: int = 400
+    n_envs: int = 3
+    n_domains: int = 2
+    n_layers: int = 4
+    t_min: int = 16
+    t_max: int = 32
+    pooled_dim: int = 16
+    noise: float = 0.3
+    bump_height: float = 1.0
+    shape_noise: float = 0.0
+    spurious_scale: float = 1.0
+    spurious_agree: tuple[float, ...] = (0.95, 0.85, 0.75)
+    shift_agree: float = 0.1
+    env_offset: float = 1.0
+    splits: tuple[float, ...] = (0.6, 0.15, 0.25)
+    data_seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spurious_agree", tuple(float(a) for a in self.spurious_agree))
+        object.__setattr__(self, "splits", tuple(float(a) for a in self.splits))
+        if len(self.spurious_agree) < self.n_envs:
+            raise ValueError(f"generator.spurious_agree needs {self.n_envs} values, got {list(self.spurious_agree)}")
+
+    @classmethod
+    def of(cls, node: SyntheticSpec | Mapping[str, Any] | None) -> SyntheticSpec:
+        """From a ``generator`` node (a mapping or DictConfig; unknown keys are an error naming them)."""
+        if node is None or isinstance(node, SyntheticSpec):
+            return node or cls()
+        values = dict(node)
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f"data.generator: unknown keys {unknown} (known: {[f.name for f in fields(cls)]})")
+        return cls(**values)
+
+
+class SyntheticDataModule(pl.LightningDataModule):
+    """See the module docstring. ``generator`` (:class:`SyntheticSpec`) fixes the data; the run seed only drives
+    the order. ``batch_size`` is per environment."""
+
+    def __init__(self, generator: SyntheticSpec | Mapping[str, Any] | None = None, *, batch_size: int = 32,
+                 eval_batch_size: int = 256, train_mode: str = "env_lists", num_workers: int = 0,
+                 name: str = "synthetic") -> None:
         super().__init__()
-        if len(spurious_agree) < n_envs:
-            raise ValueError(f"spurious_agree needs {n_envs} values, got {list(spurious_agree)}")
         if train_mode not in ("env_lists", "mixed"):
             raise ValueError(f"train_mode must be env_lists|mixed, got {train_mode!r}")
-        self.save_hyperparameters()
-        self.channel_names = organism_channel_names(n_layers)
+        self.spec = g = SyntheticSpec.of(generator)
+        self.save_hyperparameters({"generator": asdict(g), "batch_size": batch_size,
+                                   "eval_batch_size": eval_batch_size, "train_mode": train_mode,
+                                   "num_workers": num_workers, "name": name})
+        self.channel_names = organism_channel_names(g.n_layers)
         self.feature_names = list(FEATURE_NAMES)
-        self.pooled_dim = pooled_dim
-        self.env_names = [f"env{e}" for e in range(n_envs)]
-        self.domain_names = [f"domain{d}" for d in range(n_domains)]
+        self.pooled_dim = g.pooled_dim
+        self.env_names = [f"env{e}" for e in range(g.n_envs)]
+        self.domain_names = [f"domain{d}" for d in range(g.n_domains)]
         self.model_names = ["model0"]
         self.datasets: dict[str, list[TraceExample]] = {}
         self._pairs: dict[str, list[PairIndex]] = {}
@@ -98,7 +138,7 @@ class SyntheticDataModule(pl.LightningDataModule):
     # ------------------------------------------------------------------ generation
     def _render(self, rng: np.random.Generator, item: int, y: int, T: int, domain: int, env: int,
                 agree_p: float, pooled_dir: np.ndarray, env_dir: np.ndarray) -> TraceExample:
-        h = self.hparams
+        h = self.spec
         C = len(self.channel_names)
         x = rng.normal(0.0, h.noise, size=(T, C)).astype(np.float32)
         t = np.arange(T) / max(T - 1, 1)
@@ -129,7 +169,7 @@ class SyntheticDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        h = self.hparams
+        h = self.spec
         rng = np.random.default_rng(h.data_seed)
         pooled_dir = rng.normal(0, 1, h.pooled_dim)
         pooled_dir /= np.linalg.norm(pooled_dir)
@@ -195,10 +235,10 @@ class SyntheticDataModule(pl.LightningDataModule):
         if h.train_mode == "mixed":
             return self.train_flat_dataloader()
         return EnvListLoader([self._loader([e for e in tr if e.env == k], True, h.batch_size, stream=k)
-                              for k in range(h.n_envs)])
+                              for k in range(self.spec.n_envs)])
 
     def train_flat_dataloader(self, shuffle: bool = True) -> DataLoader:
-        return self._loader(self.dataset("train"), shuffle, self.hparams.batch_size * self.hparams.n_envs)
+        return self._loader(self.dataset("train"), shuffle, self.hparams.batch_size * self.spec.n_envs)
 
     def val_dataloader(self) -> DataLoader:
         return self._loader(self.dataset("val"), False, self.hparams.eval_batch_size)

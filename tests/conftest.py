@@ -12,7 +12,7 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("SIFT_NO_GIT", "1")
 
 #: a small synthetic data set
-SMALL_DATA = ["data=synthetic", "data.n_items=200", "data.t_max=24"]
+SMALL_DATA = ["data=synthetic", "data.generator.n_items=200", "data.generator.t_max=24"]
 
 
 @pytest.fixture(autouse=True)

@@ -74,8 +74,9 @@ def synthetic_run(root):
     from sift.detectors import DataSpec
     from sift.detectors.sift_model import SIFTDetector
 
-    data = {"_target_": "datamodules.synthetic_datamodule.SyntheticDataModule", "n_items": 60, "data_seed": 0}
-    dm = SyntheticDataModule(n_items=60, data_seed=0)
+    data = {"_target_": "datamodules.synthetic_datamodule.SyntheticDataModule",
+            "generator": {"n_items": 60, "data_seed": 0}}
+    dm = SyntheticDataModule(generator=dict(n_items=60, data_seed=0))
     dm.setup()
     pl.seed_everything(0)
     det = SIFTDetector(data=DataSpec.from_datamodule(dm),

@@ -28,7 +28,7 @@ class AdditiveDetector(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def data():
-    dm = SyntheticDataModule(n_items=60, data_seed=0)
+    dm = SyntheticDataModule(generator=dict(n_items=60, data_seed=0))
     dm.setup()
     return dm, collate(dm.dataset("test")[:12])
 

@@ -44,7 +44,7 @@ def test_multirun_two_detectors_two_seeds_offline(tmp_path):
            "OMP_NUM_THREADS": "1"}
     sweep = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "sift.cli.train", "-m", "detector=sift,hidden_probe", "seed=0,1", "data=synthetic",
-           "data.n_items=100", "trainer.max_epochs=2", f"hydra.sweep.dir={sweep}"]
+           "data.generator.n_items=100", "trainer.max_epochs=2", f"hydra.sweep.dir={sweep}"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.count("sift-train: single") == 4

@@ -15,7 +15,7 @@ from sift.metrics import auroc
 
 @pytest.fixture(scope="module")
 def dm():
-    d = SyntheticDataModule(n_items=200, t_max=24)
+    d = SyntheticDataModule(generator=dict(n_items=200, t_max=24))
     d.setup()
     return d
 

@@ -41,7 +41,7 @@ def _small_sift(**kw):
     from datamodules.synthetic_datamodule import SyntheticDataModule
     from sift.detectors import DataSpec, SIFTDetector
 
-    dm = SyntheticDataModule(n_items=40, t_max=20)
+    dm = SyntheticDataModule(generator=dict(n_items=40, t_max=20))
     dm.setup()
     torch.manual_seed(0)
     net = {"d_model": 16, "filters": 4, "n_layers": 1, "n_heads": 2, "dim_feedforward": 16, "mlp_hidden": 8,

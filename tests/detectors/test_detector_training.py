@@ -26,7 +26,7 @@ def _preds(rec, dm_loader="test"):
 
 
 def test_sift_learns_synthetic_and_freezes_threshold(compose_train, tmp_path):
-    cfg = compose_train("detector=sift", *SMALL_SIFT, "trainer.max_epochs=6", "data.n_items=300")
+    cfg = compose_train("detector=sift", *SMALL_SIFT, "trainer.max_epochs=6", "data.generator.n_items=300")
     rec = train(cfg)
     assert rec["status"] == "done" and rec["kind"] == "single" and rec["seed"] == 0
     assert rec["metrics"]["test/auroc"] >= 0.9

@@ -24,7 +24,7 @@ def _fit(dm, epochs, seed=0, **kw):
 
 
 def test_paper_size_sift_learns_the_trajectory_shape():
-    dm = SyntheticDataModule(n_items=300)
+    dm = SyntheticDataModule(generator=dict(n_items=300))
     dm.setup()
     m = _fit(dm, 6)  # Table 7 architecture and objective (IRM λ=1, DANN 0.5)
     out = m.predict_loader(dm.test_dataloader())

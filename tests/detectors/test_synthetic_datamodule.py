@@ -1,17 +1,18 @@
 """The synthetic DataModule honours the batch contract and has the structure it claims."""
 
 import numpy as np
+import pytest
 import torch
 
 from datamodules.batch import TraceBatch
 from datamodules.features import EARLY_COMMITMENT, FEATURE_PREFIXES, organism_channel_names
-from datamodules.synthetic_datamodule import SyntheticDataModule
+from datamodules.synthetic_datamodule import SyntheticDataModule, SyntheticSpec
 from sift.detectors import DataSpec
 from sift.metrics import auroc
 
 
 def _dm(**kw):
-    dm = SyntheticDataModule(n_items=200, **kw)
+    dm = SyntheticDataModule(generator={"n_items": 200}, **kw)
     dm.setup()
     return dm
 
@@ -35,6 +36,16 @@ def test_contract_and_splits():
     assert isinstance(mixed, TraceBatch) and len(mixed.env.unique()) > 1
     spec = DataSpec.from_datamodule(dm)
     assert (spec.n_envs, spec.n_domains, spec.pooled_dim) == (3, 2, 16)
+
+
+def test_generator_node_names_unknown_keys():
+    with pytest.raises(ValueError, match=r"data.generator: unknown keys \['n_item'\]"):
+        SyntheticDataModule(generator={"n_item": 10})
+    with pytest.raises(ValueError, match="generator.spurious_agree needs 3 values"):
+        SyntheticDataModule(generator={"spurious_agree": [0.9]})
+    dm = SyntheticDataModule(generator={"n_items": 20, "spurious_agree": [0.9, 0.8, 0.7]})
+    assert dm.spec == SyntheticSpec(n_items=20, spurious_agree=(0.9, 0.8, 0.7))
+    assert dm.hparams["generator"]["n_items"] == 20  # the checkpoint's record of the data
 
 
 def test_pairs_are_verified_by_construction():

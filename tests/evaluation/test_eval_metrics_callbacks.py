@@ -159,7 +159,7 @@ def test_callback_during_fit_on_synthetic_data_feeds_checkpointing(compose_train
     from sift.training import train
 
     cfg = compose_train("detector=instance_level", "callbacks=meta_eval", "monitor=val/ivr", "monitor_mode=min",
-                        "trainer.max_epochs=2", "data.n_items=120")
+                        "trainer.max_epochs=2", "data.generator.n_items=120")
     rec = train(cfg)
     m = rec["metrics"]
     for k in ("val/ivr", "val/ivr/env1", "val/ivr/env2", "val/coverage", "val/sgr_coverage", "test/ivr", "test/as",

@@ -16,7 +16,7 @@ from sift.evaluation.predictions import Predictions
 from sift.evaluation.run import evaluate, load_pairs, resolve_detectors
 from sift.training import train
 
-DATA = ["data=synthetic", "data.n_items=120", "data.t_max=24"]
+DATA = ["data=synthetic", "data.generator.n_items=120", "data.generator.t_max=24"]
 
 
 def compose_eval(*overrides):

@@ -77,8 +77,8 @@ def test_crafted_checkpoint_is_refused_as_sift_train_ckpt_path(evil, compose_tra
 
 
 @pytest.mark.parametrize("cmd", [
-    ["sift.cli.evaluate", "data=synthetic", "data.n_items=40", "detectors=[{ckpt}]"],
-    ["sift.cli.train", "data=synthetic", "data.n_items=40", "logger=none", "detector=hidden_probe",
+    ["sift.cli.evaluate", "data=synthetic", "data.generator.n_items=40", "detectors=[{ckpt}]"],
+    ["sift.cli.train", "data=synthetic", "data.generator.n_items=40", "logger=none", "detector=hidden_probe",
      "ckpt_path={ckpt}", "trainer.max_epochs=1"],
 ])
 def test_crafted_checkpoint_is_refused_by_the_commands(evil, tmp_path, cmd):
@@ -178,7 +178,7 @@ def test_training_order_depends_on_seed_and_epoch_only_and_never_draws_global_rn
         return [b.trace_id for batches in dm.train_dataloader() for b in batches]
 
     torch.manual_seed(3)
-    long_run = SyntheticDataModule(n_items=60, t_max=20)
+    long_run = SyntheticDataModule(generator=dict(n_items=60, t_max=20))
     long_run.trainer = Clock()
     seen = []
     for epoch in range(3):
@@ -188,7 +188,7 @@ def test_training_order_depends_on_seed_and_epoch_only_and_never_draws_global_rn
         assert torch.equal(torch.get_rng_state(), before)  # no draw from the global RNG
     assert seen[0] != seen[1] != seen[2]
     torch.manual_seed(3)
-    resumed = SyntheticDataModule(n_items=60, t_max=20)
+    resumed = SyntheticDataModule(generator=dict(n_items=60, t_max=20))
     resumed.trainer = Clock()
     resumed.trainer.current_epoch = 2
     assert order(resumed) == seen[2]

@@ -82,7 +82,7 @@ from sift.training import train
 out = sys.argv[2]
 with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
     cfg = compose("train", overrides=[f"paths.output_dir={out}", "logger=wandb", "logger.wandb.offline=true",
-                                      "data=synthetic", "data.n_items=60", "data.t_max=20",
+                                      "data=synthetic", "data.generator.n_items=60", "data.generator.t_max=20",
                                       "detector=hidden_probe", "trainer.max_epochs=2", "provenance.git=false"])
 rec = train(cfg)
 assert rec["wandb"] and rec["wandb"]["mode"] == "offline", rec["wandb"]
