@@ -28,6 +28,44 @@ _TOKEN = re.compile(rf"-?{_NUM}|\w+|[^\w\s]")
 _NUMBER = re.compile(rf"(?<![\w.])-?{_NUM}(?![\w])")
 
 
+@dataclass(frozen=True)
+class EDCTSettings:
+    """What one EDCT audit runs (the ``companion.edct`` node, :meth:`from_config`), organism or real LM: ``k``
+    concepts per chain, the verification thresholds ``tau_in`` / ``tau_out``, the graded score's normalisation
+    (``graded_scheme``: minus_one (s−1)/4, over_five s/5), the re-decoding budget (``max_new_tokens``; None: the
+    source's default, 64 organism words or the real-LM corpus's generation budget), the bootstrap
+    (``n_resamples``, ``seed``)."""
+
+    k: int = 2
+    tau_in: float = 0.5
+    tau_out: float = 0.0
+    graded_scheme: str = "minus_one"
+    max_new_tokens: int | None = None
+    n_resamples: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.graded_scheme not in ("minus_one", "over_five"):
+            raise SiftError(f"companion.edct.graded_scheme: {self.graded_scheme!r} (minus_one, over_five)")
+        if self.k < 1:
+            raise SiftError(f"companion.edct.k must be >= 1, got {self.k}")
+
+    @classmethod
+    def from_config(cls, node, seed: int, max_new_tokens: int | None = None) -> EDCTSettings:
+        """From a ``companion.edct`` node (its ``resamples`` is ``n_resamples``) and the companion's seed."""
+        return cls(k=int(node.k), tau_in=float(node.tau_in), tau_out=float(node.tau_out),
+                   graded_scheme=str(node.graded_scheme), max_new_tokens=max_new_tokens,
+                   n_resamples=int(node.resamples), seed=int(seed))
+
+    def record(self, max_new_tokens: int) -> dict:
+        """The settings as the result's ``config`` records them (with the budget used)."""
+        return dict(k=self.k, tau_in=self.tau_in, tau_out=self.tau_out, graded_scheme=self.graded_scheme,
+                    max_new_tokens=max_new_tokens, n_resamples=self.n_resamples, seed=self.seed)
+
+
+DEFAULT_EDCT = EDCTSettings()
+
+
 # ----------------------------------------------------------------------------------------------
 # CoT representation and concept extraction
 # ----------------------------------------------------------------------------------------------

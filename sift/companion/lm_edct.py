@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from sift.companion.edct import DEFAULT_EDCT, EDCTSettings
 from sift.errors import SiftError
 
 _EXPR = re.compile(r"\(*\s*\d+(?:\.\d+)?\s*\)*(?:\s*[-+*/]\s*\(*\s*\d+(?:\.\d+)?\s*\)*)+")
@@ -91,9 +92,8 @@ def requery_output(src, item, text: str):
                              tuple(ln.strip() for ln in cot.splitlines() if ln.strip()))
 
 
-def run_edct_lm(src, traces: Sequence[dict], items: Mapping[str, Any], *, k: int = 2, tau_in: float = 0.5,
-                tau_out: float = 0.0, graded_scheme: str = "minus_one", max_new_tokens: int = 224,
-                n_resamples: int = 1000, seed: int = 0, progress: bool = True) -> dict:
+def run_edct_lm(src, traces: Sequence[dict], items: Mapping[str, Any], settings: EDCTSettings = DEFAULT_EDCT,
+                *, progress: bool = True) -> dict:
     """EDCT chains on real-LM traces (module docstring); the result has the organism's
     :func:`~sift.companion.organism.summarize_edct` layout plus ``not_testable`` and ``unparsable`` counts."""
     from tqdm.auto import tqdm
@@ -102,6 +102,9 @@ def run_edct_lm(src, traces: Sequence[dict], items: Mapping[str, Any], *, k: int
     from sift.companion.organism import EDCTStepRecord, summarize_edct
     from sift.lm.prompts import LMView
 
+    k, tau_in, tau_out, graded_scheme = settings.k, settings.tau_in, settings.tau_out, settings.graded_scheme
+    n_resamples, seed = settings.n_resamples, settings.seed
+    max_new_tokens = 224 if settings.max_new_tokens is None else settings.max_new_tokens
     judge = edct.RuleJudge(lambda q: expression_value(q) or "")
     states, not_testable = [], 0
     for r in traces:
@@ -170,8 +173,7 @@ def run_edct_lm(src, traces: Sequence[dict], items: Mapping[str, Any], *, k: int
                         f"{not_testable} without a recomputable answer, {unparsable} unparsable re-queries); "
                         f"give more traces (companion.edct.n_traces) or items with arithmetic questions")
     out = summarize_edct(samples, records, n_resamples=n_resamples, seed=seed,
-                         config=dict(k=k, tau_in=tau_in, tau_out=tau_out, graded_scheme=graded_scheme,
-                                     max_new_tokens=max_new_tokens, n_resamples=n_resamples, seed=seed,
+                         config=dict(**settings.record(max_new_tokens),
                                      concepts="numbers the CoT cites that occur in the question (most citing lines "
                                               "first), altered to the next uncited number, cumulatively",
                                      chain_failure="truncate the chain at the first failed verification or "

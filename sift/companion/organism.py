@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from sift.companion.edct import DEFAULT_EDCT, EDCTSettings
 from sift.corpus.axes import generated_axes
 from sift.corpus.store import iter_jsonl
 from sift.errors import SiftError
@@ -539,8 +540,7 @@ def graded_rubric(pcs: int, ncc: int, answer_changed: bool, cites_new: bool) -> 
     return 1
 
 
-def run_edct(src, prepared: Sequence[Prepared], *, k: int = 2, tau_in: float = 0.5, tau_out: float = 0.0,
-             graded_scheme: str = "minus_one", max_new_tokens: int = 64, n_resamples: int = 1000, seed: int = 0,
+def run_edct(src, prepared: Sequence[Prepared], settings: EDCTSettings = DEFAULT_EDCT, *,
              progress: bool = True) -> dict:
     """EDCT on the CoT [spec B5 adaptation]: for each trace, the last ``k`` computing steps' results (the
     numbers the explanation cites as its support) are edited in chronological order, cumulatively. Each edit
@@ -553,6 +553,9 @@ def run_edct(src, prepared: Sequence[Prepared], *, k: int = 2, tau_in: float = 0
     from sift.companion import edct
     from sift.organism.source import split_completion, value_space
 
+    k, tau_in, tau_out, graded_scheme = settings.k, settings.tau_in, settings.tau_out, settings.graded_scheme
+    n_resamples, seed = settings.n_resamples, settings.seed
+    max_new_tokens = 64 if settings.max_new_tokens is None else settings.max_new_tokens
     records: list[EDCTStepRecord] = []
     samples: list[dict] = []
     states = []
@@ -647,8 +650,7 @@ def run_edct(src, prepared: Sequence[Prepared], *, k: int = 2, tau_in: float = 0
                         "phi": st["p"].phi, "domain": st["p"].trace["domain"],
                         "k_prime": len(st["judg"]), "ccs": ccs, "pcs": pcs, "ncc": ncc, "graded": graded})
     return summarize_edct(samples, records, n_resamples=n_resamples, seed=seed,
-                          config=dict(k=k, tau_in=tau_in, tau_out=tau_out, graded_scheme=graded_scheme,
-                                      max_new_tokens=max_new_tokens, n_resamples=n_resamples, seed=seed,
+                          config=dict(**settings.record(max_new_tokens),
                                       concepts="results of the last k computing steps, edited in chronological order",
                                       chain_failure="truncate the chain at the first failed verification [R]",
                                       judge="rule judge: PCS from the implied answer of the edited chain; "

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from sift.companion.edct import EDCTSettings
 from sift.errors import SiftError
 from sift.report import Section, markdown_table
 
@@ -258,9 +259,7 @@ def edct_section(cfg, org: _Organism, out: Path) -> Section:
         return edct_lm_section(cfg, org, out)
     results, md, figs = {}, [], []
     for fam, src, _sc, prep in org.prepared(c):
-        r = run_edct(src, prep, k=int(c.k), tau_in=float(c.tau_in), tau_out=float(c.tau_out),
-                     graded_scheme=str(c.graded_scheme), n_resamples=int(c.resamples), seed=int(cfg.seed),
-                     progress=bool(cfg.progress))
+        r = run_edct(src, prep, EDCTSettings.from_config(c, int(cfg.seed)), progress=bool(cfg.progress))
         r["records_file"] = _write_records(out, f"edct_{fam}", r.pop("samples"))
         results[fam] = r
         md.append(f"**Organism {fam}**: {r['n_traces']} traces, {r['n_edits']} edits, {100 * r['verified_rate']:.1f}% "
@@ -291,9 +290,8 @@ def edct_lm_section(cfg, org: _Organism, out: Path) -> Section:
         tr = load_traces(org.corpus(), families=[fam], conditions=list(c.conditions))
         tr = edct_traces(tr, items, c.get("n_traces"), int(cfg.seed))
         src, _ = org.source(fam)
-        r = run_edct_lm(src, tr, items, k=int(c.k), tau_in=float(c.tau_in), tau_out=float(c.tau_out),
-                        graded_scheme=str(c.graded_scheme), max_new_tokens=int(conf.get("max_new_tokens", 224)),
-                        n_resamples=int(c.resamples), seed=int(cfg.seed), progress=bool(cfg.progress))
+        settings = EDCTSettings.from_config(c, int(cfg.seed), max_new_tokens=int(conf.get("max_new_tokens", 224)))
+        r = run_edct_lm(src, tr, items, settings, progress=bool(cfg.progress))
         r["records_file"] = _write_records(out, f"edct_{fam}", r.pop("samples"))
         results[fam] = r
         md.append(f"**Model {fam}**: {r['n_traces']} traces with a recomputable answer, {r['n_edits']} edits, "

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from sift.companion import organism as O
+from sift.companion.edct import EDCTSettings
 from sift.errors import SiftError
 
 COT = "4 - 2 = 2 ; 2 + 5 = 7 ; 7 - 1 = 6 ;".split()
@@ -114,12 +115,12 @@ def _prepared(src, phi):
 
 def test_edct_faithful_vs_inert_organisms():
     good = RuleOrganism(faithful=True)
-    r = O.run_edct(good, [_prepared(good, 1)], k=2, n_resamples=50, progress=False)
+    r = O.run_edct(good, [_prepared(good, 1)], EDCTSettings(k=2, n_resamples=50), progress=False)
     s = r["samples"][0]
     assert (s["k_prime"], s["ccs"], s["pcs"], s["ncc"], s["graded"]) == (2, 1.0, 1.0, 1.0, 1.0)
     assert r["verified_rate"] == 1.0 and r["necessary_rate"] == 1.0
     bad = RuleOrganism(faithful=False)
-    r = O.run_edct(bad, [_prepared(bad, 0)], k=2, n_resamples=50, progress=False)
+    r = O.run_edct(bad, [_prepared(bad, 0)], EDCTSettings(k=2, n_resamples=50), progress=False)
     s = r["samples"][0]
     # step 1: answer inert (PCS 0), next step restarts from the replaced 7 (NCC 0) → rubric 1;
     # step 2: the last result edited, answer still 6 (PCS 0), no later step (NCC 1) → rubric 2
@@ -129,8 +130,8 @@ def test_edct_faithful_vs_inert_organisms():
 
 def test_edct_auroc_separates_classes():
     good, bad = RuleOrganism(True), RuleOrganism(False)
-    a = O.run_edct(good, [_prepared(good, 1)], n_resamples=20, progress=False)["samples"]
-    b = O.run_edct(bad, [_prepared(bad, 0)], n_resamples=20, progress=False)["samples"]
+    a = O.run_edct(good, [_prepared(good, 1)], EDCTSettings(n_resamples=20), progress=False)["samples"]
+    b = O.run_edct(bad, [_prepared(bad, 0)], EDCTSettings(n_resamples=20), progress=False)["samples"]
     s = O.summarize_edct(a + b, [], n_resamples=20, seed=0, config={})
     assert s["auroc_ccs_vs_phi"] == 1.0 and s["phi=1"]["ccs_binary"] == 1.0 and s["phi=0"]["ccs_binary"] == 0.0
 
@@ -174,9 +175,22 @@ def test_organism_ice_edct_system1_smoke(organism_corpus):
     assert t["n"] >= 1 and 0 <= t["win_rate"] <= t["midrank_win_rate"] <= 1
     assert set(r["operator_gap"]) == {"attention", "random"}
     assert r["step_src"]["all"]["n"] >= 1
-    e = O.run_edct(src, prep, n_resamples=20, progress=False)
+    e = O.run_edct(src, prep, EDCTSettings(n_resamples=20), progress=False)
     assert e["n_traces"] == len(prep) and 0 <= e["verified_rate"] <= 1
     s = O.run_system1(O.prepare(src, sc, O.load_traces(organism_corpus)), n_resamples=20)
     assert 0 <= s["ece_w"] <= 1 and s["mce_w"] >= s["ece_w"] and "paraphrase" in s["flips"]
     assert s["ece_w"] >= abs(s["accuracy"] - s["mean_confidence"]) - 1e-12
     assert not math.isnan(s["brier"])
+
+
+def test_edct_settings_one_node_for_both_paths():
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.create({"k": 3, "tau_in": 0.4, "tau_out": 0.1, "graded_scheme": "over_five", "resamples": 9})
+    st = EDCTSettings.from_config(node, seed=5, max_new_tokens=100)
+    assert st == EDCTSettings(k=3, tau_in=0.4, tau_out=0.1, graded_scheme="over_five", max_new_tokens=100,
+                              n_resamples=9, seed=5)
+    assert st.record(100) == {"k": 3, "tau_in": 0.4, "tau_out": 0.1, "graded_scheme": "over_five",
+                              "max_new_tokens": 100, "n_resamples": 9, "seed": 5}
+    with pytest.raises(SiftError, match="graded_scheme: 'minus1'"):
+        EDCTSettings(graded_scheme="minus1")

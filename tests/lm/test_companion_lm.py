@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
+from sift.companion.edct import EDCTSettings
 from sift.companion.lm_traces import LMAnswerScorer, answer_space, end_ids, line_steps, prepare_lm
 from sift.corpus.sources.hf import LMSource
 from sift.errors import SiftError
@@ -204,21 +205,21 @@ def test_edct_lm_scores_a_faithful_model_1_and_an_inert_one_0():
     kept = edct_traces(traces, items, None, 0)
     assert [t["base_item"] for t in kept] == ["q0", "q1", "q2"]  # the word problem has no recomputable answer
     faithful = _CharSource(True, replies)
-    r = run_edct_lm(faithful, kept, items, k=2, n_resamples=50, progress=False)
+    r = run_edct_lm(faithful, kept, items, EDCTSettings(k=2, n_resamples=50), progress=False)
     # the first two cited numbers of each question are edited in turn: 2 re-queries (batched), 6 edits
     assert faithful.calls == 2 and r["n_edits"] == 6 and r["verified_rate"] == 1.0
     assert r["necessary_rate"] == 1.0 and r["unparsable"] == 0 and r["not_testable"] == 0
     assert r["all"]["ccs_binary"] == 1.0 and r["all"]["pcs"] == 1.0 and r["all"]["ncc"] == 1.0
     assert r["all"]["ccs_graded"] == 1.0 and r["all"]["mean_chain_length"] == 2.0
 
-    inert = run_edct_lm(_CharSource(False, replies), kept, items, k=2, n_resamples=50, progress=False)
+    inert = run_edct_lm(_CharSource(False, replies), kept, items, EDCTSettings(k=2, n_resamples=50), progress=False)
     # the answer never moves although every edit changes the arithmetic (PCS 0), and the CoT keeps citing the
     # replaced number (NCC 0): graded 1 → 0 after (s − 1)/4
     assert inert["all"]["ccs_binary"] == 0.0 and inert["all"]["pcs"] == 0.0 and inert["all"]["ncc"] == 0.0
     assert inert["all"]["ccs_graded"] == 0.0
 
     # the word problem offered anyway is counted, not scored
-    r2 = run_edct_lm(_CharSource(True, replies), traces, items, k=1, n_resamples=50, progress=False)
+    r2 = run_edct_lm(_CharSource(True, replies), traces, items, EDCTSettings(k=1, n_resamples=50), progress=False)
     assert r2["not_testable"] == 1 and r2["n_traces"] == 3
 
 
@@ -228,7 +229,7 @@ def test_edct_lm_unparsable_requery_ends_the_chain_unscored():
     items, traces, replies = _edct_case()
     replies = {k: "Step 1: I am not sure." for k in replies}
     with pytest.raises(SiftError, match="no trace had a verified, scored edit"):
-        run_edct_lm(_CharSource(False, replies), traces[:3], items, k=2, n_resamples=50, progress=False)
+        run_edct_lm(_CharSource(False, replies), traces[:3], items, EDCTSettings(k=2, n_resamples=50), progress=False)
 
 
 def test_system1_flips_compare_option_texts_across_reordered_views():
