@@ -41,18 +41,18 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 @torch.no_grad()
 def sample_choice_points(model, prompts: Sequence[Sequence[int]], streams: Sequence[str], *, pad_id: int,
-                         eos_id: int, max_new_tokens: int, top_p: float = 0.75, batch_size: int = 256,
-                         latents: Sequence[float] | None = None, starts: Sequence[int] | None = None,
-                         greedy: bool = False) -> list[list[int]]:
+                         eos_id: int, max_new_tokens: int, top_p: float | None = 0.75, batch_size: int = 256,
+                         latents: Sequence[float] | None = None, starts: Sequence[int] | None = None
+                         ) -> list[list[int]]:
     """Generate with a KV cache; returns the new ids of each prompt (eos excluded). ``latents``: each prompt's
     mechanism latent value (None: no latent), injected from position ``starts[i]`` on (default: the first
-    generated position); ``greedy``: the top token everywhere (no draws)."""
+    generated position); ``top_p=None``: the top token everywhere (greedy, no draws)."""
     if len(streams) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(streams)} random streams")
     if latents is not None and len(latents) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(latents)} latent values")
-    if not 0.0 < top_p < 1.0:
-        raise ValueError(f"top_p must lie in (0, 1), got {top_p}")
+    if top_p is not None and not 0.0 < top_p < 1.0:
+        raise ValueError(f"top_p must lie in (0, 1) or be None (greedy), got {top_p}")
     model.eval()
     device = next(model.parameters()).device
     cache_arg = _cache_arg(model)
@@ -63,13 +63,12 @@ def sample_choice_points(model, prompts: Sequence[Sequence[int]], streams: Seque
         vals = None if latents is None else list(latents[start:start + batch_size])
         st = [len(p) for p in chunk] if starts is None else list(starts[start:start + batch_size])
         with injected(model, vals, st):
-            out += _sample_chunk(model, chunk, keys, pad_id, eos_id, max_new_tokens, top_p, greedy, device,
-                                 cache_arg)
+            out += _sample_chunk(model, chunk, keys, pad_id, eos_id, max_new_tokens, top_p, device, cache_arg)
     return out
 
 
 def _sample_chunk(model, chunk: list[list[int]], keys: list[str], pad_id: int, eos_id: int, max_new_tokens: int,
-                  top_p: float, greedy: bool, device, cache_arg: str) -> list[list[int]]:
+                  top_p: float | None, device, cache_arg: str) -> list[list[int]]:
     ids, mask, pos = (t.to(device) for t in left_padded(chunk, pad_id))
     res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
     n = len(chunk)
@@ -80,7 +79,7 @@ def _sample_chunk(model, chunk: list[list[int]], keys: list[str], pad_id: int, e
     for _ in range(max_new_tokens):
         probs = res.logits[:, -1].float().softmax(-1)
         top, nxt = probs.max(-1)
-        unsure = torch.zeros_like(done) if greedy else (top < top_p) & ~done
+        unsure = torch.zeros_like(done) if top_p is None else (top < top_p) & ~done
         for i in torch.nonzero(unsure).flatten().tolist():
             cand = nucleus(probs[i], top_p)
             key = tuple(cand.tolist())

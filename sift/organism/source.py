@@ -85,8 +85,8 @@ class OrganismSource:
         keys = streams if streams is not None else [f"{seed}:{i}" for i in range(len(prompts))]
         return sample_choice_points(self.model, prompts, keys, pad_id=self.tokenizer.pad_token_id,
                                     eos_id=self.tokenizer.eos_token_id, max_new_tokens=max_new_tokens,
-                                    top_p=top_p, batch_size=batch_size, latents=latents, starts=starts,
-                                    greedy=not do_sample)
+                                    top_p=top_p if do_sample else None, batch_size=batch_size, latents=latents,
+                                    starts=starts)
 
     def words(self, ids: list[int]) -> list[str]:
         return self.tokenizer.convert_ids_to_tokens(ids)

@@ -65,7 +65,7 @@ def test_left_padding_and_kv_cache_replay_the_same_latent(model):
     prompts = [[1, 5, 6, 7], [1, 8, 9, 10, 11, 12]]
     vals = [1.0, -1.0]
     new = sample_choice_points(model, prompts, ["a", "b"], pad_id=0, eos_id=2, max_new_tokens=6, latents=vals,
-                               greedy=True)
+                               top_p=None)
     for p, v, g in zip(prompts, vals, new):
         seq = list(p)
         for t in g:  # greedy re-decode one token at a time, full forward, no padding, no cache
