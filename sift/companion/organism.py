@@ -16,7 +16,7 @@ space at the position after ``answer :``, teacher-forced on the trace's exact to
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,23 +247,54 @@ def content_mask(p: Prepared, src, span: str = "both") -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 
 
+def _attention(src, p: Prepared, rng: np.random.Generator) -> np.ndarray:
+    from sift.companion.ice import attention_attribution
+
+    return attention_attribution(src.model, p.ids)
+
+
+def _gradient(kind: str) -> Callable[[Any, Prepared, np.random.Generator], np.ndarray]:
+    def explain(src, p: Prepared, rng: np.random.Generator) -> np.ndarray:
+        from sift.companion.ice import gradient_attribution
+
+        target = p.space_ids[p.pred]  # a real LM's candidate is several tokens: its first one
+        return gradient_attribution(src.model, p.ids, target[0] if isinstance(target, tuple) else target, kind)
+
+    return explain
+
+
+#: ICE explainers: name → ``explain(src, prepared, rng)``, token scores for ``prepared.ids`` (run with the
+#: trace's latent injected). 'attention': last position, mean over layers and heads; the gradient ones on the
+#: logit of the predicted answer token; 'random': a control explainer. A new explainer adds one entry.
+EXPLAINERS: dict[str, Callable[[Any, Prepared, np.random.Generator], np.ndarray]] = {
+    "attention": _attention,
+    **{k: _gradient(k) for k in ("grad_x_input", "grad_x_input_norm", "grad_norm")},
+    "random": lambda src, p, rng: rng.random(len(p.ids)),
+}
+
+#: ICE operators: name → ``make(pool, seed)``, the intervention that keeps a token set (the pool: the
+#: retrieval infill's filler tokens; the seed: its draws, one per (trace, explainer)). A new one adds an entry.
+OPERATORS: dict[str, Callable[[list[int], int], Any]] = {
+    "deletion": lambda pool, seed: _ice().delete,
+    "retrieval": lambda pool, seed: _ice().RetrievalInfill(pool, seed=seed),
+}
+
+
+def _ice():
+    from sift.companion import ice
+
+    return ice
+
+
 def token_attribution(src, p: Prepared, explainer: str, rng: np.random.Generator) -> np.ndarray:
-    """Token scores for ``p.ids``: 'attention' (last position, mean over layers and heads), 'grad_x_input'
-    (signed, on the logit of the predicted answer token) or 'random' (a control explainer)."""
-    from sift.companion.ice import attention_attribution, gradient_attribution
+    """Token scores for ``p.ids`` from the :data:`EXPLAINERS` entry ``explainer``, with the trace's latent."""
     from sift.organism.latent import injected
 
+    if explainer not in EXPLAINERS:
+        raise SiftError(f"companion.ice.explainers: unknown explainer {explainer!r} ({', '.join(EXPLAINERS)})")
     lat = p.latent
     with injected(src.model, None if lat is None else [lat[0]], None if lat is None else [lat[1]]):
-        if explainer == "attention":
-            return attention_attribution(src.model, p.ids)
-        if explainer in ("grad_x_input", "grad_x_input_norm", "grad_norm"):
-            target = p.space_ids[p.pred]  # a real LM's candidate is several tokens: its first one
-            return gradient_attribution(src.model, p.ids, target[0] if isinstance(target, tuple) else target,
-                                        explainer)
-    if explainer == "random":
-        return rng.random(len(p.ids))
-    raise SiftError(f"companion.ice.explainers: unknown explainer {explainer!r}")
+        return EXPLAINERS[explainer](src, p, rng)
 
 
 @dataclass(frozen=True)
@@ -288,9 +319,10 @@ class ICESettings:
     def __post_init__(self) -> None:
         object.__setattr__(self, "explainers", tuple(str(e) for e in self.explainers))
         object.__setattr__(self, "operators", tuple(str(o) for o in self.operators))
-        for o in self.operators:
-            if o not in ("deletion", "retrieval"):
-                raise SiftError(f"companion.ice.operators: unknown operator {o!r} (deletion, retrieval)")
+        for kind, names, known in (("operator", self.operators, OPERATORS), ("explainer", self.explainers, EXPLAINERS)):
+            for n in names:
+                if n not in known:
+                    raise SiftError(f"companion.ice.{kind}s: unknown {kind} {n!r} ({', '.join(known)})")
 
     @classmethod
     def from_config(cls, node: Any, seed: int) -> ICESettings:
@@ -341,8 +373,8 @@ def run_ice(src, scorer: OrganismScorer, prepared: Sequence[Prepared], settings:
         attrs = {e: token_attribution(src, p, e, rng_attr) for e in explainers}
         for e in explainers:
             # retrieval is seeded per (example, explainer): the rationale gets one draw, each null set a fresh one
-            ops = {o: ice.delete if o == "deletion" else ice.RetrievalInfill(pool, seed=int.from_bytes(
-                hashlib.sha256(f"{seed}:{n_ex}:{e}".encode()).digest()[:4], "little")) for o in operators}
+            op_seed = int.from_bytes(hashlib.sha256(f"{seed}:{n_ex}:{e}".encode()).digest()[:4], "little")
+            ops = {o: OPERATORS[o](pool, op_seed) for o in operators}
             res = ice.ice_example(units, attrs[e], score, ops, k=k, n_null=st.n_null, seed=[seed, n_ex],
                                   valid_mask=valid)
             for o in operators:

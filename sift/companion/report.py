@@ -21,10 +21,9 @@ from typing import Any
 import numpy as np
 
 from sift.companion.edct import EDCTSettings
+from sift.companion.families import families, register_family
 from sift.errors import SiftError
 from sift.report import Section, markdown_table
-
-FAMILIES = ("system1", "ice", "edct", "judges", "detector_shap")
 
 
 def _node(cfg) -> Any:
@@ -179,6 +178,7 @@ def _write_records(out: Path, name: str, obj: Any) -> str:
     return str(p.relative_to(out))
 
 
+@register_family("ice", order=20)
 def ice_section(cfg, org: _Organism, out: Path) -> Section:
     from sift.companion.organism import ICESettings, run_ice
 
@@ -251,6 +251,7 @@ def ice_section(cfg, org: _Organism, out: Path) -> Section:
     return Section("companion_ice", "ICE: explanations vs random baselines (paper 000)", "\n\n".join(md), figs, results)
 
 
+@register_family("edct", order=30)
 def edct_section(cfg, org: _Organism, out: Path) -> Section:
     from sift.companion.organism import run_edct
 
@@ -345,6 +346,7 @@ def _edct_bars(plt, r: dict, fam: str):
     return fig_
 
 
+@register_family("system1", order=10)
 def system1_section(cfg, org: _Organism, out: Path) -> Section:
     from sift.companion.organism import run_system1
 
@@ -421,7 +423,8 @@ def resolve_judge_model(name: str | None) -> str | None:
     return str(hits[0])
 
 
-def judges_section(cfg, out: Path) -> Section:
+@register_family("judges", order=40)
+def judges_section(cfg, org: _Organism, out: Path) -> Section:
     from omegaconf import OmegaConf
 
     from sift.companion.judge_run import HFJudge, load_judge, organism_pairs, run_judges
@@ -472,7 +475,8 @@ def judges_section(cfg, out: Path) -> Section:
     return Section("companion_judges", "Cue-anchored judging (paper 001)", "\n\n".join(md), [], r)
 
 
-def detector_shap_section(cfg, out: Path) -> Section:
+@register_family("detector_shap", order=50)
+def detector_shap_section(cfg, org: _Organism, out: Path) -> Section:
     from sift.companion.detector_shap import explain_detector_groups
 
     c = cfg.detector_shap
@@ -541,14 +545,11 @@ def companion_sections(cfg, out_dir) -> list[Section]:
     out.mkdir(parents=True, exist_ok=True)
     org = _Organism(cfg, out)
     sections: list[Section] = []
-    builders = {"system1": lambda: system1_section(cfg, org, out), "ice": lambda: ice_section(cfg, org, out),
-                "edct": lambda: edct_section(cfg, org, out), "judges": lambda: judges_section(cfg, out),
-                "detector_shap": lambda: detector_shap_section(cfg, out)}
-    for fam in FAMILIES:
-        node = cfg.get(fam)
+    for fam in families():  # sift.companion.families
+        node = cfg.get(fam.name)
         if node is not None and node.get("enabled", False):
             t0 = time.time()
-            s = builders[fam]()
+            s = fam.build(cfg, org, out)
             s.results["seconds"] = round(time.time() - t0, 1)
             sections.append(s)
             # each family's numbers land on disk as soon as it finishes (long runs, interrupted runs)

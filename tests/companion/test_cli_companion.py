@@ -135,3 +135,32 @@ def test_sift_companion_tiny_end_to_end(tmp_path):
         assert (out / "companion" / fig).stat().st_size > 0
     assert (out / "companion" / "judges_records.json").exists()
     assert all((out / "companion" / f"{k}.json").exists() for k in r["sections"])  # written per family
+
+
+def test_add_a_companion_family(tmp_path, monkeypatch):
+    """A new family is one registered function and its config node: it runs in its place, its section and
+    results file appear, and a disabled or absent node skips it."""
+    from omegaconf import OmegaConf
+
+    from sift.companion import families as F
+    from sift.companion.report import companion_sections
+    from sift.report import Section
+
+    assert [f.name for f in F.families()] == ["system1", "ice", "edct", "judges", "detector_shap"]
+    seen = []
+
+    def count_words(cfg, sources, out):
+        seen.append(int(cfg.count_words.n))
+        return Section("companion_count_words", "Count words", "n = 3", [], {"n": int(cfg.count_words.n)})
+
+    monkeypatch.setitem(F.REGISTRY, "count_words", F.CompanionFamily("count_words", 5, count_words))
+    assert [f.name for f in F.families()][:2] == ["count_words", "system1"]
+    cfg = OmegaConf.create({"enabled": True, "seed": 0, "progress": False, "data": {},
+                            "count_words": {"enabled": True, "n": 3}})
+    (s,) = companion_sections(cfg, tmp_path)
+    assert seen == [3] and s.key == "companion_count_words" and s.results["n"] == 3
+    assert json.loads((tmp_path / "companion" / "companion_count_words.json").read_text())["n"] == 3
+    cfg.count_words.enabled = False
+    assert companion_sections(cfg, tmp_path) == []
+    with pytest.raises(SiftError, match="registered twice"):
+        F.register_family("count_words", 5)(lambda cfg, sources, out: None)

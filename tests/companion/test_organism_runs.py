@@ -194,3 +194,24 @@ def test_edct_settings_one_node_for_both_paths():
                               "max_new_tokens": 100, "n_resamples": 9, "seed": 5}
     with pytest.raises(SiftError, match="graded_scheme: 'minus1'"):
         EDCTSettings(graded_scheme="minus1")
+
+
+def test_add_an_ice_explainer_and_operator(monkeypatch):
+    """ICE's explainers and operators are registries: a new entry is accepted by the settings and dispatched to;
+    an unknown name is refused with the known ones."""
+    from types import SimpleNamespace
+
+    import torch
+
+    monkeypatch.setitem(O.EXPLAINERS, "position", lambda src, p, rng: np.arange(len(p.ids), dtype=float))
+    monkeypatch.setitem(O.OPERATORS, "keep_all", lambda pool, seed: (lambda units, keep: list(units)))
+    st = O.ICESettings(explainers=("position", "random"), operators=("keep_all", "deletion"))
+    assert st.explainers == ("position", "random")
+    p = SimpleNamespace(ids=[5, 6, 7], latent=None)
+    src = SimpleNamespace(model=torch.nn.Linear(1, 1))
+    assert O.token_attribution(src, p, "position", np.random.default_rng(0)).tolist() == [0.0, 1.0, 2.0]
+    assert O.OPERATORS["keep_all"]([], 0)([1, 2], np.array([False, True])) == [1, 2]
+    with pytest.raises(SiftError, match=r"unknown explainer 'lime' \(attention, .*position\)"):
+        O.ICESettings(explainers=("lime",), operators=("deletion",))
+    with pytest.raises(SiftError, match=r"unknown operator 'blur'"):
+        O.ICESettings(explainers=("random",), operators=("blur",))
