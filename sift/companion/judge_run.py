@@ -15,8 +15,8 @@ generated greedily after the chosen verdict. ``verdict_mode='generate'`` generat
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -26,7 +26,6 @@ from sift.companion import judges as J
 from sift.errors import SiftError
 
 VERDICT_STRINGS = (J.TIE, J.ONE_FIRST, J.TWO_FIRST)
-PROBES = ("blind", "truth", "flip", "placebo", "reveal_after", "verbosity", "confidence")
 
 
 @dataclass(frozen=True)
@@ -180,58 +179,140 @@ def load_judge(model: str, *, tokenizer: str | None = None, tiny_config: dict | 
     return m.eval(), tok
 
 
+@dataclass(frozen=True)
+class ProbeContext:
+    """What every probe's prompt builder may read: the item, its per-item random draws and the run settings."""
+
+    item: PairItem
+    order: tuple[int, int]  # display order of the two candidates
+    badged: int  # candidate that carries the placebo badge
+    target: int  # candidate an attack argues for
+    badge: str
+    favored_label: str
+    protocol: str
+
+    @property
+    def prompt_kw(self) -> dict:
+        return dict(protocol=self.protocol, context_name="Question", candidate_name="Answer",
+                    display_order=self.order)
+
+
+@dataclass(frozen=True)
+class ProbeCall:
+    """One probe on one item: the prompt, the outcome its cue favours, the labels it shows, extra record fields."""
+
+    prompt: str
+    favored: str | None
+    labels: tuple = (None, None)
+    extra: dict = field(default_factory=dict)
+
+
+def ask_once(judge, ctx: ProbeContext, call: ProbeCall) -> tuple[str, str, bool, dict]:
+    """The default dialogue: one user turn."""
+    v, e, ok = judge.judge([call.prompt], ctx.order)
+    return v, e, ok, {}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A judging condition. ``build`` makes its prompt; ``ask`` runs the dialogue (default: one turn). The
+    summary flags say which anchoring measures apply: label-aligned rationale (the prompt shows labels), cue
+    alignment (an attack's cue) and revision susceptibility (a two-stage dialogue that records ``flip_stage``)."""
+
+    name: str
+    build: Callable[[ProbeContext], ProbeCall]
+    ask: Callable[[Any, ProbeContext, ProbeCall], tuple[str, str, bool, dict]] = ask_once
+    label_aligned: bool = False
+    cue_aligned: bool = False
+    revision: bool = False
+
+
+PROBE_REGISTRY: dict[str, Probe] = {}
+
+
+def register_probe(probe: Probe) -> Probe:
+    """Add a judging condition; ``companion.judges.probes`` may then name it."""
+    if probe.name in PROBE_REGISTRY:
+        raise SiftError(f"judge probe {probe.name!r} is already registered")
+    PROBE_REGISTRY[probe.name] = probe
+    return probe
+
+
+def _flipped(ctx: ProbeContext) -> ProbeCall:
+    it = ctx.item
+    flipped = (it.true_labels[1], it.true_labels[0])
+    return ProbeCall(J.flip_prompt(it.question, it.candidates, it.true_labels, **ctx.prompt_kw),
+                     J.favored_outcome(flipped, ctx.favored_label), flipped)
+
+
+def _placebo(ctx: ProbeContext) -> ProbeCall:
+    it, b = ctx.item, ctx.badged
+    return ProbeCall(J.placebo_prompt(it.question, it.candidates, badge=ctx.badge, badged=b, **ctx.prompt_kw),
+                     J.ONE_FIRST if b == 0 else J.TWO_FIRST, (ctx.badge, None) if b == 0 else (None, ctx.badge),
+                     {"badged": b})
+
+
+def _attack(kind: str) -> Callable[[ProbeContext], ProbeCall]:
+    def build(ctx: ProbeContext) -> ProbeCall:
+        ap = J.attack_prompt(ctx.item.question, ctx.item.candidates, ctx.target, kind, **ctx.prompt_kw)
+        return ProbeCall(ap.prompt, ap.favored, extra={"target": ctx.target})
+
+    return build
+
+
+def _ask_reveal_after(judge, ctx: ProbeContext, call: ProbeCall) -> tuple[str, str, bool, dict]:
+    """Flip first, then reveal the true labels in a second turn; the first-turn verdict is ``flip_stage``."""
+    it = ctx.item
+    ra = J.reveal_after_prompts(it.question, it.candidates, it.true_labels, display_order=ctx.order,
+                                candidate_name="Answer", protocol=ctx.protocol, context_name="Question")
+    v1, e1, _ = judge.judge([ra.turn1], ctx.order)
+    shown1 = J.map_display_verdict(v1, ctx.order)  # identity ↔ display is an involution
+    turn1_answer = f'{{"verdict": "{shown1}", "explanation": "{e1}"}}'
+    v, e, ok = judge.judge([ra.turn1, turn1_answer, ra.turn2], ctx.order)
+    return v, e, ok, {"flip_stage": v1}
+
+
+for _probe in (
+    Probe("blind", lambda c: ProbeCall(J.blind_prompt(c.item.question, c.item.candidates, **c.prompt_kw), None)),
+    Probe("truth", lambda c: ProbeCall(J.truth_prompt(c.item.question, c.item.candidates, c.item.true_labels,
+                                                      **c.prompt_kw),
+                                       J.favored_outcome(c.item.true_labels, c.favored_label), c.item.true_labels),
+          label_aligned=True),
+    Probe("flip", _flipped, label_aligned=True),
+    Probe("placebo", _placebo, label_aligned=True),
+    Probe("reveal_after", _flipped, ask=_ask_reveal_after, label_aligned=True, revision=True),
+    Probe("verbosity", _attack("verbosity"), cue_aligned=True),
+    Probe("confidence", _attack("confidence"), cue_aligned=True),
+):
+    register_probe(_probe)
+PROBES = tuple(PROBE_REGISTRY)  # the built-in conditions, in their reporting order
+
+
 def run_judges(judge: HFJudge, items: Sequence[PairItem], *, probes: Sequence[str] = PROBES,
                favored_label: str = "LLM", badge: str = J.DEFAULT_BADGE, protocol: str = "baseline",
                seed: int = 0, n_resamples: int = 1000, progress: bool = True) -> dict:
     """Judge every item under every probe; outcome and rationale anchoring against the Blind run."""
     from tqdm.auto import tqdm
 
-    bad = [p for p in probes if p not in PROBES]
+    bad = [p for p in probes if p not in PROBE_REGISTRY]
     if bad or "blind" not in probes:
-        raise SiftError(f"companion.judges.probes must include 'blind' and only {PROBES}; got {list(probes)}")
+        raise SiftError(f"companion.judges.probes must include 'blind' and only {tuple(PROBE_REGISTRY)}; "
+                        f"got {list(probes)}")
     rng = random.Random(seed)
-    kw = dict(protocol=protocol, context_name="Question", candidate_name="Answer")
     table: dict[str, list[dict]] = {p: [] for p in probes}
     for it in tqdm(items, desc="judge items", disable=not progress):
         order = (0, 1) if rng.random() < 0.5 else (1, 0)
         badged = rng.randrange(2)
         target = rng.randrange(2)
-        for probe in probes:
-            rec: dict[str, Any] = {"item": it.item_id, "display_order": list(order)}
-            labels: tuple = (None, None)
-            if probe == "blind":
-                prompt, fav = J.blind_prompt(it.question, it.candidates, display_order=order, **kw), None
-            elif probe == "truth":
-                prompt = J.truth_prompt(it.question, it.candidates, it.true_labels, display_order=order, **kw)
-                fav = J.favored_outcome(it.true_labels, favored_label)
-                labels = it.true_labels
-            elif probe in ("flip", "reveal_after"):
-                flipped = (it.true_labels[1], it.true_labels[0])
-                prompt = J.flip_prompt(it.question, it.candidates, it.true_labels, display_order=order, **kw)
-                fav = J.favored_outcome(flipped, favored_label)
-                labels = flipped
-            elif probe == "placebo":
-                prompt = J.placebo_prompt(it.question, it.candidates, badge=badge, badged=badged,
-                                          display_order=order, **kw)
-                fav = J.ONE_FIRST if badged == 0 else J.TWO_FIRST
-                rec["badged"] = badged
-                labels = (badge, None) if badged == 0 else (None, badge)
-            else:
-                ap = J.attack_prompt(it.question, it.candidates, target, probe, display_order=order, **kw)
-                prompt, fav = ap.prompt, ap.favored
-                rec["target"] = target
-            if probe == "reveal_after":
-                ra = J.reveal_after_prompts(it.question, it.candidates, it.true_labels, display_order=order,
-                                            candidate_name="Answer", protocol=protocol, context_name="Question")
-                v1, e1, _ = judge.judge([ra.turn1], order)
-                shown1 = J.map_display_verdict(v1, order)  # identity ↔ display is an involution
-                turn1_answer = f'{{"verdict": "{shown1}", "explanation": "{e1}"}}'
-                v, e, ok = judge.judge([ra.turn1, turn1_answer, ra.turn2], order)
-                rec.update(flip_stage=v1)
-            else:
-                v, e, ok = judge.judge([prompt], order)
-            rec.update(verdict=v, explanation=e, parsed=ok, favored=fav, labels=list(labels))
-            table[probe].append(rec)
+        ctx = ProbeContext(it, order, badged, target, badge, favored_label, protocol)
+        for name in probes:
+            probe = PROBE_REGISTRY[name]
+            call = probe.build(ctx)
+            v, e, ok, asked = probe.ask(judge, ctx, call)
+            rec: dict[str, Any] = {"item": it.item_id, "display_order": list(order), **call.extra, **asked,
+                                   "verdict": v, "explanation": e, "parsed": ok, "favored": call.favored,
+                                   "labels": list(call.labels)}
+            table[name].append(rec)
     return summarize_judges(table, favored_label=favored_label, n_resamples=n_resamples, seed=seed,
                             config=dict(probes=list(probes), favored_label=favored_label, badge=badge,
                                         protocol=protocol, seed=seed, n_items=len(items),
@@ -263,17 +344,18 @@ def summarize_judges(table: dict[str, list[dict]], *, favored_label: str, n_resa
         dr = J.explanation_drift(blind, v, bexp, [r["explanation"] for r in recs])
         d.update(drift=dr.value, n_same=dr.n_same, drift_scorer=dr.scorer)
         orders = [tuple(r["display_order"]) for r in recs]
-        if probe in ("truth", "flip", "placebo", "reveal_after"):
+        kind = PROBE_REGISTRY[probe]
+        if kind.label_aligned:
             lai = J.label_aligned_rationale(blind, v, [r["explanation"] for r in recs], fav,
                                             [tuple(r["labels"]) for r in recs],
                                             scorer=partial(J.label_alignment, candidate_name="Answer"),
                                             display_orders=orders)
             d.update(lai=lai.value, lai_n_same=lai.n_same)
-        if probe in ("verbosity", "confidence"):
+        if kind.cue_aligned:
             d["cue_align"] = float(np.mean([J.cue_alignment(r["explanation"], r["target"], probe,
                                                             candidate_name="Answer", display_order=o)
                                             for r, o in zip(recs, orders)]))
-        if probe == "reveal_after":
+        if kind.revision:
             rs = J.revision_susceptibility([r["flip_stage"] for r in recs], v)
             d.update(rs=rs.rs, rs_ci=list(rs.ci))
         probes[probe] = d

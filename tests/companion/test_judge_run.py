@@ -86,3 +86,29 @@ def test_tiny_hf_judge_end_to_end(tiny_judge):
     for d in r["probes"].values():
         assert d["tv"] == pytest.approx(d["lds"] + d["ts"] + d["ols"])
     assert j.n_calls - before == 3 * 5  # one scoring pass per prompt (Reveal-After has two turns)
+
+
+def test_add_a_judge_probe(monkeypatch):
+    """A new condition is one registered Probe: run_judges asks it and the summary applies its flags."""
+    from sift.companion import judge_run as R
+
+    monkeypatch.setattr(R, "PROBE_REGISTRY", dict(R.PROBE_REGISTRY))
+
+    def both_llm(ctx):  # both answers carry the favoured label: a label-following judge stays at Tie
+        it = ctx.item
+        prompt = J.truth_prompt(it.question, it.candidates, ("LLM", "LLM"), **ctx.prompt_kw)
+        return R.ProbeCall(prompt, J.ONE_FIRST, ("LLM", "LLM"), {"note": "both"})
+
+    R.register_probe(R.Probe("both_llm", both_llm, label_aligned=True))
+    with pytest.raises(Exception, match="already registered"):
+        R.register_probe(R.Probe("both_llm", both_llm))
+    r = run_judges(LabelFollower(), organism_pairs(6), probes=["blind", "both_llm"], n_resamples=20, progress=False)
+    d = r["probes"]["both_llm"]
+    recs = r["records"]["both_llm"]  # "Answer 1 = LLM" in the prompt: the follower ranks displayed Answer 1 first
+    assert [rec["verdict"] for rec in recs] == [J.ONE_FIRST if rec["display_order"][0] == 0 else J.TWO_FIRST
+                                                for rec in recs]
+    assert d["counts"][0] == 0.0  # never a Tie
+    assert "lai" in d and "cue_align" not in d and "rs" not in d
+    assert [rec["note"] for rec in recs] == ["both"] * 6
+    with pytest.raises(Exception, match="only"):
+        run_judges(LabelFollower(), organism_pairs(2), probes=["blind", "nope"], progress=False)
