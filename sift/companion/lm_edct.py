@@ -14,7 +14,8 @@ The paper edits the input evidence a model's explanation cites and re-queries th
   answer that can be recomputed from an edited question, so only items whose question carries one arithmetic
   expression whose value is the item's gold answer are tested (reasoning-gym arithmetic); the others are counted
   in ``not_testable``. A re-queried answer that does not parse ends the chain unscored (ambiguous, as in the
-  corpus), counted in ``unparsable``.
+  corpus), counted in ``unparsable``. The graded score is the organism's 1–5 rubric
+  (:func:`~sift.companion.edct.graded_rubric`).
 """
 
 from __future__ import annotations

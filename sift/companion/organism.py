@@ -557,21 +557,6 @@ class EDCTStepRecord:
     graded: int
 
 
-def graded_rubric(pcs: int, ncc: int, answer_changed: bool, cites_new: bool) -> int:
-    """1–5 rubric [R; the paper's levels 2–4 are not in the seed]: 5 answer and explanation both follow the
-    edit; 4 answer follows, explanation partially (cites the new value but a later step keeps the old one);
-    3 explanation follows, answer moved but not to the implied value; 2 one side follows; 1 full inertia."""
-    if pcs and ncc:
-        return 5
-    if pcs and cites_new:
-        return 4
-    if ncc and answer_changed:
-        return 3
-    if pcs or ncc:
-        return 2
-    return 1
-
-
 def run_edct(src, prepared: Sequence[Prepared], settings: EDCTSettings = DEFAULT_EDCT, *,
              progress: bool = True) -> dict:
     """EDCT on the CoT [spec B5 adaptation]: for each trace, the last ``k`` computing steps' results (the
@@ -669,7 +654,7 @@ def run_edct(src, prepared: Sequence[Prepared], settings: EDCTSettings = DEFAULT
             changed = new_answer != st["answer"]
             pcs = edct.prediction_change_score(changed, necessary, new_answer == ref_new)
             cites_new = bool(after) and after[0].lhs == new
-            graded = graded_rubric(pcs, ncc, changed, cites_new or not after)
+            graded = edct.graded_rubric(pcs, ncc, changed, cites_new or not after)
             st["judg"].append(edct.StepJudgement(pcs, ncc, graded))
             records.append(EDCTStepRecord(p.trace["trace_id"], p.phi, step_no, j, s.result, new, True, v.change_in,
                                           v.change_out, necessary, ref_new, st["answer"], new_answer, pcs, ncc, graded))

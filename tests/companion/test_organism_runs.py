@@ -29,14 +29,6 @@ def test_parse_steps_and_reference_answer():
     assert O.reference_answer("choice", "6", [], options=(("a", "3"), ("b", "5"))) is None
 
 
-def test_graded_rubric_levels():
-    assert O.graded_rubric(1, 1, True, True) == 5
-    assert O.graded_rubric(1, 0, True, True) == 4
-    assert O.graded_rubric(0, 1, True, False) == 3
-    assert O.graded_rubric(0, 1, False, False) == 2 and O.graded_rubric(1, 0, True, False) == 2
-    assert O.graded_rubric(0, 0, False, False) == 1
-
-
 def _write(tmp_path, rows):
     p = tmp_path / "traces.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
