@@ -2,8 +2,9 @@
 
 Each analysis is one public function returning a :class:`sift.report.Section` (Markdown, figures under
 ``out_dir/figures/``, and ``results`` holding every number shown with 95 % base-item cluster-bootstrap CIs).
-:data:`APPENDIX_ANALYSES` lists them with the inputs each needs; :func:`run_appendix` calls those whose
-inputs are available.
+:data:`APPENDIX_ANALYSES` is the registry (:func:`register_analysis`): each entry names the inputs it needs, the
+main job's settings it takes (``jobs``) and where it is in the paper; :func:`run_appendix` calls those whose inputs
+are available. Every analysis takes ``n_resamples``, ``seed`` and ``table`` keywords besides its inputs.
 
 Common inputs:
 
@@ -19,12 +20,12 @@ Common inputs:
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sift.errors import SiftError
 from sift.evaluation.appendix_common import TraceTable, mechanism_class
 from sift.evaluation.appendix_corpus import cot_scramble_test, mechanism_preservation_audit
 from sift.evaluation.appendix_detectors import (
@@ -47,12 +48,23 @@ from sift.report import Section
 log = logging.getLogger(__name__)
 
 
+#: an analysis's runs in the main job: (variant name or None, the keyword options of that run), from the job's
+#: config and its one SGR setting
+JobsFn = Callable[[Any, Any], list[tuple[str | None, dict[str, Any]]]]
+
+
+def one_job(cfg: Any, selective: Any) -> list[tuple[str | None, dict[str, Any]]]:
+    """The default: one run with the analysis's own defaults."""
+    return [(None, {})]
+
+
 @dataclass(frozen=True)
 class AppendixAnalysis:
-    """One appendix analysis: ``function(**inputs, **options) -> Section``.
+    """One appendix analysis: ``function(**inputs, **options, n_resamples=, seed=, table=) -> Section``.
 
     ``requires``: inputs that must be present (keyword names of ``function``); ``optional``: inputs used
-    when present; ``paper``: where it is in the paper.
+    when present; ``paper``: where it is in the paper; ``jobs``: its runs in the main job (:data:`JobsFn`; a
+    variant's section key is ``appendix_<name>_<variant>``).
     """
 
     name: str
@@ -60,25 +72,60 @@ class AppendixAnalysis:
     requires: tuple[str, ...]
     optional: tuple[str, ...]
     paper: str
+    jobs: JobsFn = one_job
 
 
-APPENDIX_ANALYSES: list[AppendixAnalysis] = [
+#: the registry, in report order
+APPENDIX_ANALYSES: list[AppendixAnalysis] = []
+
+
+def register_analysis(analysis: AppendixAnalysis) -> AppendixAnalysis:
+    """Add an appendix analysis (its ``name`` must be new); the main job runs it after the built-ins (a module
+    that registers one is listed in ``report.section_modules``)."""
+    if any(a.name == analysis.name for a in APPENDIX_ANALYSES):
+        raise SiftError(f"appendix analysis {analysis.name!r} is registered twice")
+    APPENDIX_ANALYSES.append(analysis)
+    return analysis
+
+
+def _factorial_jobs(cfg: Any, selective: Any) -> list[tuple[str | None, dict[str, Any]]]:
+    """One factorial analysis per design of the detector registry
+    (:func:`sift.detectors.registry.factorial_designs`); a second design is the variant named by its other
+    architecture."""
+    from sift.detectors.registry import detector_entries, factorial_designs, reference_detector
+
+    entries = detector_entries(cfg.detectors)
+    designs = factorial_designs(entries, reference_detector(entries))
+    jobs: list[tuple[str | None, dict[str, Any]]] = [
+        (None, {"coverage": selective.match_coverage, "design": designs[0] if designs else None})]
+    jobs += [(next(iter(d.values()))[0], {"coverage": selective.match_coverage, "design": d}) for d in designs[1:]]
+    return jobs
+
+
+def _certifying(cfg: Any, selective: Any) -> list[tuple[str | None, dict[str, Any]]]:
+    """Analyses that certify take the job's SGR setting."""
+    return [(None, {"selective": selective})]
+
+
+for _analysis in (
     AppendixAnalysis("factorial", factorial_decomposition, ("runs", "pairs"), ("out_dir", "design", "ensembles"),
-                     "App. F, Table 17, Fig. 18"),
+                     "App. F, Table 17, Fig. 18", _factorial_jobs),
     AppendixAnalysis("stability_sensitivity", stability_sensitivity, ("runs", "pairs"), ("out_dir",),
-                     "App. G, Table 18, Fig. 19"),
+                     "App. G, Table 18, Fig. 19",
+                     lambda cfg, sel: [(None, {"coverages": (None, sel.match_coverage)})]),
     AppendixAnalysis("label_noise", label_noise_sensitivity, ("runs", "pairs"), ("out_dir",),
-                     "App. C.8.1, Fig. 10"),
+                     "App. C.8.1, Fig. 10", _certifying),
     AppendixAnalysis("theorem_bound", theorem_bound_audit, ("runs", "pairs", "traces"), ("out_dir", "extra_features"),
                      "App. C.8 Table 3b, eq. 30; App. I Table 20"),
     AppendixAnalysis("spurious_features", spurious_feature_correlations, ("runs", "pairs", "traces"),
                      ("out_dir", "extra_features"), "App. C.6, Table 9, Fig. 7"),
     AppendixAnalysis("abstention", abstention_characterisation, ("runs",), ("out_dir", "traces", "thresholds"),
-                     "App. C.7.2, Table 10"),
+                     "App. C.7.2, Table 10", _certifying),
     AppendixAnalysis("optimal_coverage", optimal_coverage, ("runs",), ("out_dir",), "App. C.7.4, eq. 43, Table 11"),
     AppendixAnalysis("mechanism", mechanism_preservation_audit, ("runs", "pairs", "traces"), ("out_dir", "scramble"),
                      "App. H, Table 19"),
-]
+):
+    register_analysis(_analysis)
 
 
 def run_appendix(
@@ -89,8 +136,8 @@ def run_appendix(
 ) -> list[Section]:
     """Run the analyses of :data:`APPENDIX_ANALYSES` (or ``names``) whose required inputs are in ``inputs``.
 
-    ``options[name]`` are extra keyword arguments of one analysis; ``common`` are keyword arguments passed
-    to every analysis that accepts them (e.g. ``{"n_resamples": 1000, "seed": 0}``). An analysis whose
+    ``options[name]`` are extra keyword arguments of one analysis; ``common`` are the keyword arguments every
+    analysis takes (``n_resamples``, ``seed``). An analysis whose
     inputs are missing is skipped with a log line; one that fails raises (the caller decides).
     """
     options = options or {}
@@ -103,10 +150,9 @@ def run_appendix(
         if missing:
             log.info("appendix %s skipped: missing %s", a.name, ", ".join(missing))
             continue
-        params = inspect.signature(a.function).parameters
         kw = {k: inputs[k] for k in a.requires}
         kw.update({k: inputs[k] for k in (*a.optional, "table") if inputs.get(k) is not None})
-        kw.update({k: v for k, v in common.items() if k in params})
+        kw.update(common)
         kw.update(options.get(a.name, {}))
         out.append(a.function(**kw))
     return out
@@ -116,6 +162,7 @@ __all__ = [
     "APPENDIX_ANALYSES",
     "ASSUMPTION_THRESHOLDS",
     "AppendixAnalysis",
+    "JobsFn",
     "COST_REGIMES",
     "PAIR_FEATURES",
     "TraceTable",
@@ -127,6 +174,7 @@ __all__ = [
     "mechanism_preservation_audit",
     "optimal_coverage",
     "pair_features",
+    "register_analysis",
     "run_appendix",
     "spurious_feature_correlations",
     "stability_sensitivity",

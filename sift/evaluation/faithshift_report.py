@@ -237,12 +237,17 @@ def _read_section(path: Path | None) -> Section | None:
 
 
 def _appendix_one(name: str, inputs: dict, common: dict, options: dict, cache: Path | None = None,
-                  key: str | None = None) -> Section:
+                  key: str | None = None, modules: tuple[str, ...] = ()) -> Section:
     """Appendix analysis ``name`` with ``options`` (its keyword arguments), reusing a saved section; ``key``
-    renames the section (a second factorial design)."""
+    renames the section (a second factorial design); ``modules`` are imported first (a spawned worker's registry
+    holds the analyses they register)."""
+    import importlib
     import json
 
     from sift.evaluation.appendix import run_appendix
+
+    for m in modules:
+        importlib.import_module(m)
 
     done = _read_section(cache)
     if done is not None:
@@ -265,29 +270,33 @@ def _appendix_one(name: str, inputs: dict, common: dict, options: dict, cache: P
 
 
 def appendix_jobs(cfg: DictConfig) -> dict[str, tuple[str, dict, str | None]]:
-    """Job name → (appendix analysis, its options, section key or None) for every analysis of APPENDIX_ANALYSES,
-    in order: the job's SGR node and κ go to the analyses that certify, and the factorial analysis runs once per
-    design of the detector registry (:func:`sift.detectors.registry.factorial_designs`; a second design's section
-    is ``appendix_factorial_<its other architecture>``)."""
-    from sift.detectors.registry import detector_entries, factorial_designs, reference_detector
+    """Job name → (appendix analysis, its options, section key or None) for every registered analysis
+    (:data:`~sift.evaluation.appendix.APPENDIX_ANALYSES`, after importing ``report.section_modules``), in order:
+    each analysis's ``jobs`` gives its runs from the job's config and its one SGR setting (bound, candidates and
+    κ too); a variant ``v`` of analysis ``a`` is job ``a_v`` with section key ``appendix_a_v`` (e.g. a second
+    factorial design)."""
     from sift.evaluation.appendix import APPENDIX_ANALYSES
     from sift.metrics.selective import SelectiveConfig
 
-    sel = SelectiveConfig.of(cfg.sgr)  # the report's one SGR setting (bound, candidates and κ too)
-    entries = detector_entries(cfg.detectors)
-    designs = factorial_designs(entries, reference_detector(entries))
-    options: dict[str, dict] = {
-        "label_noise": {"selective": sel}, "abstention": {"selective": sel},
-        "factorial": {"coverage": sel.match_coverage, "design": designs[0] if designs else None},
-        "stability_sensitivity": {"coverages": (None, sel.match_coverage)}}
+    _import_report_modules(cfg)
+    sel = SelectiveConfig.of(cfg.sgr)  # the report's one SGR setting
     jobs: dict[str, tuple[str, dict, str | None]] = {}
     for a in APPENDIX_ANALYSES:
-        jobs[a.name] = (a.name, options.get(a.name, {}), None)
-        if a.name == "factorial":
-            for d in designs[1:]:
-                other = next(iter(d.values()))[0]
-                jobs[f"factorial_{other}"] = (a.name, {**options[a.name], "design": d}, f"appendix_factorial_{other}")
+        for variant, options in a.jobs(cfg, sel):
+            name = a.name if variant is None else f"{a.name}_{variant}"
+            jobs[name] = (a.name, options, None if variant is None else f"appendix_{name}")
     return jobs
+
+
+def _import_report_modules(cfg: DictConfig) -> tuple[str, ...]:
+    """Import the modules that register extra report sections and appendix analyses (``report.section_modules``)."""
+    import importlib
+
+    report = cfg.get("report") or {}
+    modules = tuple(str(m) for m in (report.get("section_modules") or ()))
+    for m in modules:
+        importlib.import_module(m)
+    return modules
 
 
 def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = None,
@@ -302,12 +311,13 @@ def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = No
 
     common = {"n_resamples": int(cfg.bootstrap.appendix_resamples), "seed": int(cfg.bootstrap.seed)}
     jobs = appendix_jobs(cfg)
+    modules = _import_report_modules(cfg)
     caches = {n: _section_cache(cache_dir, n, key) for n in jobs}
     if int(cfg.workers) <= 1:
         return [_appendix_one(a, inputs, common, o, caches[n], k) for n, (a, o, k) in jobs.items()]
     ready = {n: sec for n in jobs if (sec := _read_section(caches[n])) is not None}
     with process_pool(int(cfg.workers)) as pool:
-        futures = {n: pool.submit(_appendix_one, a, inputs, common, o, caches[n], k)
+        futures = {n: pool.submit(_appendix_one, a, inputs, common, o, caches[n], k, modules)
                    for n, (a, o, k) in jobs.items() if n not in ready}
         ready.update({n: j.result() for n, j in futures.items()})
     return [ready[n] for n in jobs]
