@@ -84,14 +84,14 @@ DEFAULT_OPTIONS = ReportOptions()
 # ------------------------------------------------------------------------------------------ run grouping
 def run_key(p: Predictions) -> str:
     """Row name of a run: detector name, with ``[ablation]`` for ablated variants."""
-    ab = p.meta.get("ablation")
-    return p.detector if ab in (None, "", "none") else f"{p.detector} [{ab}]"
+    ab = p.role.ablation
+    return p.detector if ab is None else f"{p.detector} [{ab}]"
 
 
 def is_variant(p: Predictions) -> bool:
-    """A SIFT ablation (``meta['ablation']``) or factorial cell (``meta['variant']``): reported in Table 4 /
-    appendix F, not as a detector of Tables 1, 3 and 8."""
-    return p.meta.get("ablation") not in (None, "", "none") or bool(p.meta.get("variant"))
+    """A SIFT ablation or factorial cell (:attr:`RunRole.is_variant`): reported in Table 4 / appendix F, not as
+    a detector of Tables 1, 3 and 8."""
+    return p.role.is_variant
 
 
 def group_by_run(preds: Iterable[Predictions]) -> dict[str, list[Predictions]]:
@@ -111,8 +111,7 @@ def group_by_run(preds: Iterable[Predictions]) -> dict[str, list[Predictions]]:
 
 
 def _ablation(p: Predictions) -> str:
-    ab = p.meta.get("ablation") or "none"
-    return "full" if ab == "none" else str(ab)
+    return p.role.ablation or "full"
 
 
 # ------------------------------------------------------------------------------------------ the table
@@ -309,14 +308,13 @@ class ReportContext:
 
     @cached_property
     def _rest(self) -> list[Predictions]:
-        return [p for p in self.predictions
-                if not ("train_on" in p.meta and "test_on" in p.meta) and "in_dist_of" not in p.meta]
+        return [p for p in self.predictions if p.role.cell is None and p.role.in_dist_of is None]
 
     @cached_property
     def test(self) -> dict[str, list[Predictions]]:
         """Runs on the evaluated split (no transfer setting), by run key."""
         o = self.options
-        return group_by_run(p for p in self._rest if p.split == o.split and "transfer_setting" not in p.meta)
+        return group_by_run(p for p in self._rest if p.split == o.split and p.role.transfer_setting is None)
 
     @cached_property
     def calib(self) -> dict[str, list[Predictions]] | None:
@@ -335,11 +333,11 @@ class ReportContext:
         """Transfer setting → run key → runs (split ``transfer`` or a ``meta['transfer_setting']``)."""
         out: dict[str, dict[str, list[Predictions]]] = {}
         for p in self._rest:
-            if p.split == "transfer" or "transfer_setting" in p.meta:
-                if p.split == self.options.split and "transfer_setting" not in p.meta:
+            setting = p.role.transfer_setting
+            if p.split == "transfer" or setting is not None:
+                if p.split == self.options.split and setting is None:
                     continue
-                out.setdefault(str(p.meta.get("transfer_setting", "transfer")), {}).setdefault(
-                    run_key(p), []).append(p)
+                out.setdefault(setting or "transfer", {}).setdefault(run_key(p), []).append(p)
         return out
 
     @cached_property
@@ -347,8 +345,8 @@ class ReportContext:
         """Transfer setting → run key → the transfer runs' own in-distribution test runs (``meta['in_dist_of']``)."""
         out: dict[str, dict[str, list[Predictions]]] = {}
         for p in self.predictions:
-            if "in_dist_of" in p.meta:
-                out.setdefault(str(p.meta["in_dist_of"]), {}).setdefault(run_key(p), []).append(p)
+            if p.role.in_dist_of is not None:
+                out.setdefault(p.role.in_dist_of, {}).setdefault(run_key(p), []).append(p)
         return out
 
     @cached_property
@@ -393,7 +391,7 @@ class ReportContext:
         """(detector, matrix setting) → (train_on, test_on) → runs of the transfer-matrix cells."""
         out: dict[tuple[str, str], dict[tuple[str, str], list[Predictions]]] = {}
         for p in self.predictions:
-            if "train_on" in p.meta and "test_on" in p.meta:
-                k = (p.detector, str(p.meta.get("matrix", "transfer")))
-                out.setdefault(k, {}).setdefault((str(p.meta["train_on"]), str(p.meta["test_on"])), []).append(p)
+            if p.role.cell is not None:
+                matrix, train_on, test_on = p.role.cell
+                out.setdefault((p.detector, matrix), {}).setdefault((train_on, test_on), []).append(p)
         return out

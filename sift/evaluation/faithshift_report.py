@@ -74,8 +74,7 @@ def instance_ensembles(preds: list[Predictions], members: list[str]) -> list[Pre
     every member has one (SGR). None when ``members`` is empty."""
     if not members:
         return []
-    by = {(p.detector, p.seed, p.split): p for p in preds if "transfer_setting" not in p.meta
-          and "ablation" not in p.meta and "matrix" not in p.meta}
+    by = {(p.detector, p.seed, p.split): p for p in preds if p.role.is_main}
     seeds = sorted({s for (d, s, sp) in by if d == members[0] and s is not None})
     out = []
     for s in seeds:
@@ -338,7 +337,7 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     preds += instance_ensemble_transfer(specs, files, list(cfg.instance_ensemble))
     main = {}
     for p in preds:
-        if p.split == "test" and not ({"transfer_setting", "ablation", "matrix", "in_dist_of"} & set(p.meta)):
+        if p.split == "test" and p.role.is_main:
             main.setdefault(p.detector, []).append(p)
     common = {"n_resamples": int(cfg.bootstrap.resamples), "seed": int(cfg.bootstrap.seed)}
     table = PredictionTable.of(preds, pairs)  # the one aligned table: the appendix analyses and the tables read it

@@ -26,6 +26,42 @@ _ARRAYS = ("trace_id", "base_item", "domain", "model", "condition", "label", "pr
 ENSEMBLE_OF = "ensemble_of"
 
 
+@dataclass(frozen=True)
+class RunRole:
+    """What a run is in the report, read in this one place from the ``meta`` keys its run spec wrote
+    (:func:`sift.evaluation.faithshift_report.load_predictions`, ``sift-evaluate``): an ablation (Table 4), a
+    factorial variant, a main-table transfer column, a transfer run's own in-distribution test, or a
+    transfer-matrix cell. A run with none of these is a main run."""
+
+    ablation: str | None = None  #: the SIFT ablation it was trained with ("none" and "" mean none)
+    variant: bool = False  #: a factorial cell marked ``meta['variant']``
+    transfer_setting: str | None = None  #: the main-table transfer column it is evaluated in
+    in_dist_of: str | None = None  #: the transfer setting whose in-distribution test this is (like-for-like gap)
+    cell: tuple[str, str, str] | None = None  #: (matrix, train_on, test_on) of a transfer-matrix cell
+
+    @classmethod
+    def of(cls, meta: dict[str, Any]) -> RunRole:
+        ab = meta.get("ablation")
+        ts, home = meta.get("transfer_setting"), meta.get("in_dist_of")
+        cell = ((str(meta.get("matrix", "transfer")), str(meta["train_on"]), str(meta["test_on"]))
+                if "train_on" in meta and "test_on" in meta else None)
+        return cls(None if ab in (None, "", "none") else str(ab), bool(meta.get("variant")),
+                   None if "transfer_setting" not in meta else str(ts),
+                   None if "in_dist_of" not in meta else str(home), cell)
+
+    @property
+    def is_variant(self) -> bool:
+        """An ablation or a factorial cell: reported in Table 4 / App. F, not as a detector row."""
+        return self.ablation is not None or self.variant
+
+    @property
+    def is_main(self) -> bool:
+        """A main run: no ablation, no transfer column, no transfer-matrix cell nor the in-distribution test of
+        one (the appendix analyses and the instance ensemble read these)."""
+        return self.ablation is None and self.transfer_setting is None and self.in_dist_of is None \
+            and self.cell is None
+
+
 @dataclass
 class Predictions:
     """Per-trace outputs of one detector run. ``prob`` is P(faithful) (label 1 = φ* = 1 = faithful)."""
@@ -42,6 +78,11 @@ class Predictions:
     label: np.ndarray  # [N] int, verified φ*
     prob: np.ndarray  # [N] float, detector's P(faithful)
     meta: dict[str, Any] = field(default_factory=dict)  # config hash, run folder, trained-on, ...
+
+    @property
+    def role(self) -> RunRole:
+        """The run's role in the report (:class:`RunRole`)."""
+        return RunRole.of(self.meta)
 
     @property
     def ensemble_of(self) -> str | None:

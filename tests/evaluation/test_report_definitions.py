@@ -219,3 +219,22 @@ def test_rows_the_preset_declares_below_full_are_marked(tmp_path):
     assert s.results["detectors"]["mlp"]["undertrained"] == "undertrained (quick)"
     assert s.results["detectors"]["toy"]["undertrained"] is None
     assert "0.05 AUROC of the `full` preset" in s.markdown
+
+
+def test_run_roles_are_read_in_one_place():
+    """RunRole: the report's one reading of the role keys a run spec writes into Predictions.meta."""
+    from sift.evaluation.predictions import RunRole
+
+    assert RunRole.of({}).is_main and not RunRole.of({}).is_variant
+    for none in (None, "", "none"):  # a run trained without an ablation is a main run
+        assert RunRole.of({"ablation": none}) == RunRole() and RunRole.of({"ablation": none}).is_main
+    ab = RunRole.of({"ablation": "no_irm", "group": "ablation"})
+    assert ab.ablation == "no_irm" and ab.is_variant and not ab.is_main
+    assert RunRole.of({"variant": True}).is_variant and RunRole.of({"variant": True}).is_main  # own appendix rows
+    col = RunRole.of({"transfer_setting": "cross-domain (boolean)"})
+    assert col.transfer_setting == "cross-domain (boolean)" and not col.is_main and not col.is_variant
+    cell = RunRole.of({"train_on": "all but boolean", "test_on": "boolean", "matrix": "cross-domain"})
+    assert cell.cell == ("cross-domain", "all but boolean", "boolean") and not cell.is_main
+    assert RunRole.of({"train_on": "a", "test_on": "b"}).cell == ("transfer", "a", "b")  # the default matrix
+    home = RunRole.of({"in_dist_of": "cross-model (llama)"})
+    assert home.in_dist_of == "cross-model (llama)" and not home.is_main

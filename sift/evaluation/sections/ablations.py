@@ -53,8 +53,8 @@ def ablation_table(ablations: Mapping[str, Sequence[Predictions]], pairs: Pairs,
     selective, n_resamples, seed = options.selective, options.n_resamples, options.seed
     variants = list(ablations)
     if reference is None:  # the variant trained without an ablation
-        reference = next((v for v in variants if all(p.meta.get("ablation") in (None, "", "none")
-                                                       for p in as_list(ablations[v]))), variants[0])
+        reference = next((v for v in variants if all(p.role.ablation is None for p in as_list(ablations[v]))),
+                         variants[0])
     elif reference not in ablations:
         raise SiftError(f"reference variant {reference!r} not among {variants}")
     axes = preserving_axes(pairs)
