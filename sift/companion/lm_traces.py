@@ -134,7 +134,7 @@ def line_steps(src, cot_ids: Sequence[int]) -> list[tuple[int, int]]:
 def prepare_lm(src, scorer: LMAnswerScorer, traces: Sequence[dict]) -> list:
     """:class:`~sift.companion.organism.Prepared` records of real-LM traces: ids = prompt + CoT + the forced
     ``Answer:`` line start; the answer space of :func:`answer_space`; steps = the CoT's lines."""
-    from sift.companion.organism import Prepared
+    from sift.companion.organism import Prepared, score_full_inputs
 
     out = []
     # views of one item share its candidates: numeric spaces are the union over the item's traces given here
@@ -156,15 +156,7 @@ def prepare_lm(src, scorer: LMAnswerScorer, traces: Sequence[dict]) -> list:
                             len(cot_ids), space, space_ids, np.zeros(0), -1,
                             [src.decode(cot_ids[a:b]) for a, b in lines], lines,
                             tuple(options[v].strip() for v in space) if options else None))
-    groups: dict[tuple, list] = {}
-    for p in out:
-        groups.setdefault(tuple(p.space_ids), []).append(p)
-    for space_ids, ps in groups.items():
-        pr = scorer.probs([p.ids for p in ps], space_ids)
-        for p, row in zip(ps, pr):
-            p.full_probs = row
-            p.pred = int(row.argmax())
-    return out
+    return score_full_inputs(scorer, out)
 
 
 def content_mask_lm(p, src, span: str = "cot") -> np.ndarray:

@@ -214,15 +214,22 @@ def prepare(src, scorer: OrganismScorer, traces: Sequence[dict]) -> list[Prepare
         steps = [(a, b + 1) for a, b in zip(starts, ends)]
         out.append(Prepared(r, list(r["prompt_ids"]) + cot_ids + ans, len(r["prompt_ids"]), len(cot_ids), space,
                             src.ids(list(space)), np.zeros(0), -1, words, steps))
-    groups: dict[tuple[str, ...], list[Prepared]] = {}
-    for p in out:
-        groups.setdefault(p.space, []).append(p)
-    for _space, ps in groups.items():
+    return score_full_inputs(scorer, out)
+
+
+def score_full_inputs(scorer, prepared: list[Prepared]) -> list[Prepared]:
+    """Fill each record's full-input answer distribution and prediction: one batched pass per answer space
+    (the step after the source-specific layout, shared by the organism and real LMs). Each trace's mechanism
+    latent goes with it (organism v3; a real LM's scorer has none to replay)."""
+    groups: dict[tuple, list[Prepared]] = {}
+    for p in prepared:
+        groups.setdefault(tuple(tuple(i) if isinstance(i, (list, tuple)) else i for i in p.space_ids), []).append(p)
+    for ps in groups.values():
         pr = scorer.probs([p.ids for p in ps], ps[0].space_ids, [p.latent for p in ps])
         for p, row in zip(ps, pr):
             p.full_probs = row
             p.pred = int(row.argmax())
-    return out
+    return prepared
 
 
 def content_mask(p: Prepared, src, span: str = "both") -> np.ndarray:
