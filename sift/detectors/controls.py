@@ -18,6 +18,10 @@ loader, each trace once) and pickled into the checkpoint; the decision threshold
 other detector's. ``text_sift`` is a torch network trained like ``sift`` (it can read interactions of words, which the
 linear and hand-built controls cannot). A control reads no hidden state of the CoT: when it matches a trajectory
 detector, that detector may be reading the text rather than the mechanism.
+
+The report recognises a control by its registry entry (``registry.control`` in its config; ``text_sift`` also
+declares ``capacity_control``: the same-capacity text model the reference is compared with in Table 1), not by
+name (:func:`sift.detectors.registry.is_control`).
 """
 
 from __future__ import annotations
@@ -34,16 +38,7 @@ from datamodules.features import select_by_prefix
 from sift.detectors.module import DataSpec, DetectorModule, as_env_batches
 from sift.errors import SiftError
 
-CONTROL_DETECTORS = ("text_bow", "surface", "prompt_probe", "text_sift")
-#: the control with the reference detector's own network, objective and schedule on the text alone: the report
-#: answers "does a hidden-state detector beat a same-capacity text model?" against it
-CAPACITY_CONTROL = "text_sift"
 _CKPT_KEY = "sklearn_estimator"
-
-
-def is_control(name: str) -> bool:
-    """A control row (its name, or ``"<name> (ensemble)"``)."""
-    return str(name).split(" ")[0] in CONTROL_DETECTORS
 
 
 class SklearnDetector(DetectorModule):
@@ -196,5 +191,4 @@ class SurfaceDetector(SklearnDetector):
                                  max_leaf_nodes=self.max_leaf_nodes)
 
 
-__all__ = ["CAPACITY_CONTROL", "CONTROL_DETECTORS", "SklearnDetector", "SurfaceDetector", "TextBowDetector",
-           "is_control"]
+__all__ = ["SklearnDetector", "SurfaceDetector", "TextBowDetector"]

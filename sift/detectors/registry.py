@@ -6,10 +6,12 @@ LightningModule class) and what that file declares under ``registry`` about how 
       cost: 10           # relative training cost: the main job starts the costliest runs first
       ablations: true    # the ablation presets (configs/ablation/) apply: the main job's ablation runs train it
       factorial: true    # the objective × architecture design trains it with the other objective too
+      control: true      # a shortcut control (reads no hidden state of the CoT): its own group in every table
+      capacity_control: true  # the same-capacity text control the reference is compared with (Table 1)
 
-Every key is optional (defaults: not the reference, cost 1, no ablations, no factorial cell). The objective a
-detector trains with is read from its ``objective`` node: ``irm_dann`` (IRM and DANN on), ``erm`` (both off),
-``irm`` / ``dann`` (one of them), or None for a detector without one (a fitted-once model). A user's
+Every key is optional (defaults: not the reference, cost 1, no ablations, no factorial cell, not a control).
+The objective a detector trains with is read from its ``objective`` node: ``irm_dann`` (IRM and DANN on),
+``erm`` (both off), ``irm`` / ``dann`` (one of them), or None for a detector without one (a fitted-once model). A user's
 ``--config-dir`` folder may add detectors: a ``detector/<name>.yaml`` there is registered like a shipped one.
 """
 
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from sift.errors import SiftError
 
 #: the keys of a detector config's ``registry`` node
-REGISTRY_KEYS = ("reference", "cost", "ablations", "factorial")
+REGISTRY_KEYS = ("reference", "cost", "ablations", "factorial", "control", "capacity_control")
 #: the run the main job derives from ``instance_ensemble``'s members (per seed, their probability average)
 INSTANCE_ENSEMBLE = "instance_ensemble"
 #: the factorial analysis's names of the two objectives, low level first
@@ -40,6 +43,8 @@ class DetectorEntry:
     ablations: bool = False
     factorial: bool = False
     objective: str | None = None  # irm_dann | irm | dann | erm, None: no trainable objective
+    control: bool = False
+    capacity_control: bool = False
 
     @classmethod
     def from_config(cls, name: str, node: Mapping[str, Any]) -> DetectorEntry:
@@ -50,7 +55,8 @@ class DetectorEntry:
             raise SiftError(f"detector/{name}.yaml: registry: unknown key(s) {unknown} (known: {list(REGISTRY_KEYS)})")
         return cls(name=name, target=str(node.get("_target_", "")), reference=bool(reg.get("reference", False)),
                    cost=float(reg.get("cost", 1.0)), ablations=bool(reg.get("ablations", False)),
-                   factorial=bool(reg.get("factorial", False)), objective=objective_label(node))
+                   factorial=bool(reg.get("factorial", False)), objective=objective_label(node),
+                   control=bool(reg.get("control", False)), capacity_control=bool(reg.get("capacity_control", False)))
 
     def factorial_cell(self) -> tuple[str, list[str]]:
         """The other objective's cell of the factorial design: its variant name and ``sift-train`` overrides
@@ -87,6 +93,47 @@ def detector_entries(names: Iterable[str]) -> dict[str, DetectorEntry]:
         except (HydraException, OmegaConfBaseException) as e:
             raise SiftError(f"detector {name!r}: {str(e).splitlines()[0]}") from None
         out[name] = DetectorEntry.from_config(name, node)
+    return out
+
+
+def registry_entry(name: str) -> DetectorEntry | None:
+    """The registry entry of detector ``name``, or None when no detector config has that name (a report row that is
+    not a registered detector: the instance ensemble, a factorial cell, a toy run). Cached per name and config
+    folders (sift's and a user's ``$SIFT_CONFIG_DIR``)."""
+    import os
+
+    from sift.resources import config_dir
+
+    return _entry_or_none(str(name), str(config_dir()), os.environ.get("SIFT_CONFIG_DIR", ""))
+
+
+@lru_cache(maxsize=512)
+def _entry_or_none(name: str, _config_root: str, _user_root: str) -> DetectorEntry | None:
+    try:
+        return detector_entries([name])[name]
+    except SiftError:
+        return None
+
+
+def row_detector(row: str) -> str:
+    """The detector of a report row: ``"<name>"``, ``"<name> (ensemble)"`` or ``"<name> [<ablation>]"``."""
+    return str(row).split(" ")[0]
+
+
+def is_control(row: str) -> bool:
+    """Whether a report row is a shortcut control: its detector's registry entry says ``control``."""
+    e = registry_entry(row_detector(row))
+    return e is not None and e.control
+
+
+def capacity_controls(rows: Iterable[str]) -> list[str]:
+    """The rows whose detector is the same-capacity text control (registry ``capacity_control``), seed runs only
+    (not their ensembles)."""
+    out = []
+    for r in rows:
+        e = registry_entry(row_detector(r))
+        if e is not None and e.capacity_control and row_detector(r) == str(r):
+            out.append(str(r))
     return out
 
 

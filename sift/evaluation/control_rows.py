@@ -1,8 +1,8 @@
 """The shortcut controls in the report (docs/design.md §4 "Validity"; issue 11).
 
-* Rows of the controls (``text_bow``, ``surface``, ``prompt_probe``, ``text_sift``;
-  :data:`sift.detectors.controls.CONTROL_DETECTORS`) come after the detectors in every table, under a group row
-  **controls** (:func:`order_rows`, :func:`with_group_rows`).
+* Rows of the controls (the detectors whose registry entry declares ``control``: ``text_bow``, ``surface``,
+  ``prompt_probe``, ``text_sift``; :func:`sift.detectors.registry.is_control`) come after the detectors in every
+  table, under a group row **controls** (:func:`order_rows`, :func:`with_group_rows`).
 * :func:`control_margins`: each detector's in-distribution AUROC minus the best control's (the control with the
   highest seed-mean AUROC on the evaluated split), on the traces both were evaluated on, with a paired
   cluster-bootstrap CI: every replicate resamples the base items once, stratified by split like Table 1's other
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from sift.detectors.controls import is_control
+from sift.detectors.registry import is_control
 from sift.evaluation.analysis import (
     NAN,
     Items,

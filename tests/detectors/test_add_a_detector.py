@@ -121,3 +121,21 @@ def test_a_new_detector_marked_factorial_gets_its_own_factorial_analysis(new_det
     assert sec.key == "appendix_factorial_pooled_linear" and "not_computed" not in sec.results
     assert sec.results["design"]["pooled_linear_erm"] == ["pooled_linear", "ERM"]
     assert {c["architecture"] for c in sec.results["cells"].values()} == {"pooled_linear", "sift"}
+
+
+def test_a_new_detector_marked_control_is_a_control_row(new_detector):
+    """registry.control on a new detector: the report puts its rows (and its ensemble's) in the controls group,
+    after the detectors, and picks the best control among them; no list of control names to edit."""
+    from sift.detectors.registry import capacity_controls, detector_entries, is_control
+    from sift.evaluation.control_rows import order_rows, with_group_rows
+
+    (new_detector / "configs" / "detector" / "pooled_text.yaml").write_text(
+        textwrap.dedent(CONFIG).replace("name: pooled_linear", "name: pooled_text")
+        + "  control: true\n  capacity_control: true\n")
+    assert detector_entries(["pooled_text"])["pooled_text"].control
+    assert is_control("pooled_text") and is_control("pooled_text (ensemble)") and not is_control("pooled_linear")
+    rows = order_rows({"pooled_text": [], "pooled_linear": [], "sift": [], "text_bow": []})
+    assert list(rows) == ["pooled_linear", "sift", "pooled_text", "text_bow"]
+    assert [r[0] for r in with_group_rows([[n] for n in rows])] == ["pooled_linear", "sift", "**controls**",
+                                                                   "pooled_text", "text_bow"]
+    assert capacity_controls(rows) == ["pooled_text"]

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from datamodules.batch import TraceBatch, TraceExample, collate
 from datamodules.token_steps import bins, pad_token_steps, record_token_steps, token_steps
 from sift.config import compose
-from sift.detectors.controls import CONTROL_DETECTORS, is_control
 from sift.detectors.module import as_env_batches, concat_batches
+from sift.detectors.registry import is_control
 from sift.detectors.text_sift import TextSIFTDetector, TokenStepEmbedding
 from sift.metrics import auroc
 
@@ -159,8 +159,9 @@ def test_text_sift_is_registered_as_a_control_of_every_preset():
     from sift.detectors.registry import detector_entries
     from sift.faithshift import plan_runs
 
-    assert "text_sift" in CONTROL_DETECTORS and is_control("text_sift") and is_control("text_sift (ensemble)")
-    assert not is_control("sift")
+    assert is_control("text_sift") and is_control("text_sift (ensemble)")
+    assert not is_control("sift") and not is_control("instance_ensemble") and not is_control("sift [no_irm]")
+    assert all(is_control(c) for c in ("text_bow", "surface", "prompt_probe"))
     e = detector_entries(["text_sift"])["text_sift"]
     assert (e.target, e.objective, e.reference, e.ablations, e.factorial, e.cost) == (
         "sift.detectors.text_sift.TextSIFTDetector", "irm_dann", False, False, False, 10.0)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from sift.detectors.controls import CAPACITY_CONTROL
+from sift.detectors.registry import capacity_controls
 from sift.errors import SiftError
 from sift.evaluation.analysis import (
     NAN,
@@ -177,7 +177,9 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     # detector − best control, paired bootstrap with the table's split-stratified draws
     margins = control_margins(rows, n_resamples, seed, items, table, strata=strata)
     # against the same-capacity text model alone (the reference detector's network on the tokens)
-    capacity = control_margins(rows, n_resamples, seed, items, table, strata=strata, among=[CAPACITY_CONTROL])
+    cap_rows = capacity_controls(rows)  # registry capacity_control (text_sift)
+    cap_name = " / ".join(cap_rows)
+    capacity = control_margins(rows, n_resamples, seed, items, table, strata=strata, among=cap_rows)
     for i, row in enumerate(data):
         results["detectors"][row]["group"] = "controls" if is_control(row) else "detectors"
         if margins:
@@ -185,7 +187,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
             tables["a"][i].append(margin_cell(margins.get(row)))
         if capacity:
             results["detectors"][row]["margin_over_capacity_control"] = capacity.get(row)
-            tables["a"][i].append(margin_cell(capacity.get(row), mark=f"✗ not above {CAPACITY_CONTROL}"))
+            tables["a"][i].append(margin_cell(capacity.get(row), mark=f"✗ not above {cap_name}"))
     tables = {k: with_group_rows(v) for k, v in tables.items()}
     md = [f"Test split; 95 % CIs in brackets: percentile bootstrap over base items ({n_resamples} resamples; unit: "
           f"base item; a table that mixes splits resamples each split's items within it, so every replicate keeps "
@@ -194,7 +196,7 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
           "**(a) In-distribution vs transfer AUROC**", "",
           markdown_table(["Detector", "In-dist", *[f"Transfer: {s}" for s in settings], "Gap",
                           "Gap (like-for-like)", *(["Δ AUROC vs best control"] if margins else []),
-                          *([f"Δ AUROC vs {CAPACITY_CONTROL} (same capacity)"] if capacity else [])], tables["a"]), "",
+                          *([f"Δ AUROC vs {cap_name} (same capacity)"] if capacity else [])], tables["a"]), "",
           "Gap = the main runs' in-distribution AUROC − mean transfer AUROC (the paper's); like-for-like = mean "
           "over settings of the transfer run's own in-distribution test AUROC − its held-out AUROC.", "",
           "**(b) Per-axis invariance violation rate** (mean = macro mean over axes, the paper's; pooled = all "
@@ -222,8 +224,8 @@ def main_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                f"cluster-bootstrap 95 % CI with the table's split-stratified draws (unit: base item); "
                f"\"{NOT_ABOVE}\": the CI does not lie above 0."]
     if capacity:
-        md += ["", f"Δ AUROC vs {CAPACITY_CONTROL} (same capacity): the same paired difference against "
-               f"{CAPACITY_CONTROL} alone, the reference detector's own network, objective and schedule reading only "
+        md += ["", f"Δ AUROC vs {cap_name} (same capacity): the same paired difference against "
+               f"{cap_name} alone, the reference detector's own network, objective and schedule reading only "
                "the tokens: a detector above it reads the states for more than a text model of its size finds in "
                "the words."]
     if undefined_notes:  # every "—" above, with the reason (also under "reason" in results.json)
