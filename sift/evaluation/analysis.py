@@ -259,6 +259,46 @@ def match_calibration(run: Predictions, calib: dict[str, list[Predictions]] | No
     return None
 
 
+def ensemble_threshold(members: Sequence[Predictions],
+                       val: Sequence[Predictions | None] | None = None) -> tuple[float, str]:
+    """The one rule for an ensemble's decision threshold (Table 8's seed ensembles, the instance ensemble and the
+    factorial analysis's ensemble cells): Youden's J on the probability average of the members' validation
+    predictions (``val``, one per member, in member order) when every member has them, else the mean of the
+    members' own thresholds. Returns the threshold and how it was set."""
+    import warnings
+
+    from sift.detectors.thresholds import fit_threshold
+    from sift.evaluation.predictions import average
+
+    if val and all(v is not None for v in val):
+        avg = average(list(val), "ensemble (validation)", 0.5)  # type: ignore[arg-type]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fit_threshold(avg.prob, avg.label, "youden"), "youden on averaged validation predictions"
+    return float(np.mean([m.threshold for m in members])), \
+        "mean of the members' thresholds (no validation predictions given)"
+
+
+def seed_ensemble(name: str, seeds: Sequence[Predictions], val: dict[str, list[Predictions]] | None) -> Predictions:
+    """The seed ensemble of detector ``name``: the probability average of ``seeds`` (aligned on the first seed's
+    trace order), its threshold by :func:`ensemble_threshold` from the members' validation predictions in ``val``
+    (matched by detector and seed); ``meta['threshold_from']`` says how."""
+    from sift.evaluation.predictions import average
+
+    members = sorted(seeds, key=lambda p: p.seed)
+    order = members[0].trace_id
+    aligned = []
+    for m in members:
+        if not np.array_equal(m.trace_id, order):
+            idx = m.index()
+            m = m.subset(np.array([idx[t] for t in order.tolist()]))
+        aligned.append(m)
+    thr, how = ensemble_threshold(members, [match_calibration(m, val, name) for m in members])
+    ens = average(aligned, f"{name} (ensemble)", thr)
+    ens.meta["threshold_from"] = how
+    return ens
+
+
 #: the split that calibrates SGR: disjoint (by base item) from the validation part that selects the checkpoint
 #: and fits the decision threshold (docs/design.md §7)
 CALIB_SPLIT = "calib"

@@ -11,6 +11,7 @@ Common inputs:
 - ``runs``: detector name → list of per-seed :class:`~sift.evaluation.predictions.Predictions` on the test
   split (an ensemble can be its own entry with a one-element list);
 - ``pairs``: :class:`~sift.evaluation.predictions.Pairs` (``Pairs.from_corpus(corpus_dir)``);
+- ``val``: detector name → its main runs' validation predictions (they freeze ensemble thresholds);
 - ``traces``: :class:`~sift.evaluation.appendix_common.TraceTable` (``TraceTable.from_corpus(corpus_dir)``);
 - ``out_dir``: the report folder (figures are written to ``out_dir/figures`` and referenced relatively);
 - ``table``: the report's aligned :class:`~sift.evaluation.engine.PredictionTable` holding ``runs`` and ``pairs``,
@@ -108,7 +109,8 @@ def _certifying(cfg: Any, selective: Any) -> list[tuple[str | None, dict[str, An
 
 
 for _analysis in (
-    AppendixAnalysis("factorial", factorial_decomposition, ("runs", "pairs"), ("out_dir", "design", "ensembles"),
+    AppendixAnalysis("factorial", factorial_decomposition, ("runs", "pairs"),
+                     ("out_dir", "design", "ensembles", "val"),
                      "App. F, Table 17, Fig. 18", _factorial_jobs),
     AppendixAnalysis("stability_sensitivity", stability_sensitivity, ("runs", "pairs"), ("out_dir",),
                      "App. G, Table 18, Fig. 19",

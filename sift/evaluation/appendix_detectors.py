@@ -15,7 +15,7 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from sift.errors import SiftError
-from sift.evaluation.analysis import ensemble_row, seed_mean
+from sift.evaluation.analysis import ensemble_row, ensemble_threshold, match_calibration, seed_mean
 from sift.evaluation.appendix_common import (
     JointRows,
     Runs,
@@ -67,6 +67,7 @@ def factorial_decomposition(
     *,
     design: Mapping[str, tuple[str, str]] | None = None,
     ensembles: Mapping[str, Predictions] | None = None,
+    val: Mapping[str, Sequence[Predictions]] | None = None,
     coverage: float | None = DEFAULT_SGR.match_coverage,
     n_resamples: int = 1000,
     seed: int = 0,
@@ -82,7 +83,8 @@ def factorial_decomposition(
     ``sift_erm`` / ``sift``).
     A single-seed cell is the mean over seeds of the per-seed MFS; its ensemble cell is
     ``ensembles[name]`` if given (threshold frozen by whoever built it), else the probability average of
-    the run's seeds at the mean of their thresholds (:func:`sift.evaluation.predictions.average`).
+    the run's seeds at the threshold of :func:`sift.evaluation.analysis.ensemble_threshold` (the rule of Table 8's
+    ensembles: Youden's J on the averaged validation predictions of ``val[name]``, else the seeds' mean threshold).
 
     MFS is taken at matched coverage κ (default: the packaged ``sgr.match_coverage``; ρ ≥ the ⌈κn⌉-th largest ρ
     of each detector and seed is certified, ties included, a pair counts when both its traces are;
@@ -116,7 +118,8 @@ def factorial_decomposition(
             if st.n_seeds < 2:
                 raise SiftError(f"factorial: run {n!r} has {st.n_seeds} seed; the ensemble factor needs ≥ 2 "
                                 "(or pass ensembles=)")
-            e = st.with_prob(st.prob.mean(axis=0), np.array([st.threshold.mean()]), ensemble_row(n))
+            thr, _ = ensemble_threshold(runs[n], [match_calibration(m, dict(val or {}), n) for m in runs[n]])
+            e = st.with_prob(st.prob.mean(axis=0), np.array([thr]), ensemble_row(n))
         ens_stacks.append(e)
     aligned = _common_traces(stacks + ens_stacks)
     stacks, ens_stacks = aligned[:4], aligned[4:]

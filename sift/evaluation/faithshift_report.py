@@ -23,9 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from sift.atomic import write_text
 from sift.detectors.registry import INSTANCE_ENSEMBLE
-from sift.detectors.thresholds import fit_threshold
 from sift.errors import SiftError
-from sift.evaluation.analysis import CALIB_SPLIT
+from sift.evaluation.analysis import CALIB_SPLIT, ensemble_threshold
 from sift.evaluation.predictions import Pairs, Predictions, average
 from sift.evaluation.sections.transfer_matrix import IN_DIST
 from sift.report import Section
@@ -80,8 +79,7 @@ def instance_ensembles(preds: list[Predictions], members: list[str]) -> list[Pre
     for s in seeds:
         if not all((d, s, sp) in by for d in members for sp in ("val", "test")):
             continue
-        val = average([by[(d, s, "val")] for d in members], INSTANCE_ENSEMBLE, 0.5)
-        thr = fit_threshold(val.prob, val.label)
+        thr, _ = ensemble_threshold([by[(d, s, "test")] for d in members], [by[(d, s, "val")] for d in members])
         splits = ("val", CALIB_SPLIT, "test") if all((d, s, CALIB_SPLIT) in by for d in members) else ("val", "test")
         for sp in splits:
             e = average([by[(d, s, sp)] for d in members], INSTANCE_ENSEMBLE, thr)
@@ -103,8 +101,8 @@ def instance_ensemble_transfer(specs: list, files: dict[str, dict[str, Path]],
     for (group, held, seed), by in sorted(runs.items(), key=str):
         if not all(d in by and {"val", "transfer"} <= set(by[d]) for d in members):
             continue
-        val = average([Predictions.load(by[d]["val"]) for d in members], INSTANCE_ENSEMBLE, 0.5)
-        thr = fit_threshold(val.prob, val.label)
+        vals = [Predictions.load(by[d]["val"]) for d in members]
+        thr, _ = ensemble_threshold(vals, vals)
         e = average([Predictions.load(by[d]["transfer"]) for d in members], INSTANCE_ENSEMBLE, thr)
         setting = f"{TRANSFER_SETTING[group]} ({held})"
         out.append(Predictions(INSTANCE_ENSEMBLE, seed, "transfer", thr, e.trace_id, e.base_item, e.domain,
@@ -335,14 +333,15 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
     preds = load_predictions(specs, files, below_full=list(cfg.get("undertrained_detectors") or []))
     preds += instance_ensembles(preds, list(cfg.instance_ensemble))
     preds += instance_ensemble_transfer(specs, files, list(cfg.instance_ensemble))
-    main = {}
+    main: dict[str, list[Predictions]] = {}
+    val: dict[str, list[Predictions]] = {}  # the validation predictions that freeze ensemble thresholds
     for p in preds:
-        if p.split == "test" and p.role.is_main:
-            main.setdefault(p.detector, []).append(p)
+        if p.split in ("test", "val") and p.role.is_main:
+            (main if p.split == "test" else val).setdefault(p.detector, []).append(p)
     common = {"n_resamples": int(cfg.bootstrap.resamples), "seed": int(cfg.bootstrap.seed)}
     table = PredictionTable.of(preds, pairs)  # the one aligned table: the appendix analyses and the tables read it
-    inputs = {"runs": main, "pairs": pairs, "traces": TraceTable.from_corpus(corpus), "out_dir": report_dir,
-              "table": table}
+    inputs = {"runs": main, "val": val, "pairs": pairs, "traces": TraceTable.from_corpus(corpus),
+              "out_dir": report_dir, "table": table}
     key = report_key(cfg, out, specs, files)
     stamp = report_dir / "report_key.txt"
     results = report_dir / "results.json"

@@ -150,6 +150,25 @@ def test_factorial_effects_by_hand(tmp_path):
     json.dumps(res)  # JSON-able
 
 
+def test_factorial_ensemble_cell_uses_the_ensemble_threshold_rule(tmp_path):
+    """The ensemble cells freeze their threshold as Table 8's ensembles do (analysis.ensemble_threshold: Youden on
+    the averaged validation predictions): it was the seeds' mean threshold whatever the validation data said."""
+    from sift.evaluation.analysis import seed_ensemble
+
+    runs = factorial_runs()  # sift's seeds average to p = 0.55 on the paraphrases of items 0 and 1
+    vids = ["v0", "v1", "v2", "v3"]
+    val = {"sift": [Predictions("sift", s, "val", 0.5, vids, vids, ["arithmetic"] * 4, ["organism-gpt2"] * 4,
+                                ["base"] * 4, [1, 1, 0, 0], [0.9, 0.9, 0.8, 0.8]) for s in (0, 1)]}
+    kw = dict(design=DESIGN, coverage=None, n_resamples=R)
+    plain = factorial_decomposition(runs, toy_pairs(), **kw).results["cells"]["F"]
+    ruled = factorial_decomposition(runs, toy_pairs(), val=val, **kw).results["cells"]["F"]
+    built = factorial_decomposition(runs, toy_pairs(), ensembles={"sift": seed_ensemble("sift", runs["sift"], val)},
+                                    **kw).results["cells"]["F"]
+    assert plain["ivr"]["estimate"] == 0.0  # no validation predictions: the seeds' mean threshold 0.5
+    assert ruled["ivr"]["estimate"] == 0.5  # Youden on validation puts t above 0.55: two of four pairs flip
+    assert ruled["ivr"] == built["ivr"] and ruled["mfs"] == built["mfs"]  # the cell is Table 8's ensemble
+
+
 def test_factorial_needs_its_four_runs():
     from sift.errors import SiftError
 

@@ -14,14 +14,14 @@ from sift.evaluation.analysis import (
     bootstrap_vector,
     check_same_split,
     common_items,
-    match_calibration,
     num,
     preserving_axes,
+    seed_ensemble,
     seed_mean,
 )
 from sift.evaluation.control_rows import with_group_rows
 from sift.evaluation.engine import ReportContext, runs_table
-from sift.evaluation.predictions import Pairs, Predictions, average
+from sift.evaluation.predictions import Pairs, Predictions
 from sift.evaluation.sections.common import (
     DETERMINISTIC_MARK,
     DETERMINISTIC_NOTE,
@@ -43,34 +43,6 @@ from sift.report import Section, markdown_table
 from sift.report.numbers import fmt, fmt_cell
 
 
-def _ensemble_for(name: str, seeds: list[Predictions], val: dict[str, list[Predictions]] | None) -> Predictions:
-    """Probability average of ``seeds``; threshold frozen on the averaged validation (selection) predictions
-    when ``val`` has every member, else the mean of the members' thresholds (stated in ``meta``)."""
-    from sift.detectors.thresholds import fit_threshold
-
-    members = sorted(seeds, key=lambda p: p.seed)
-    order = members[0].trace_id
-    aligned = []
-    for m in members:
-        if not np.array_equal(m.trace_id, order):
-            idx = m.index()
-            m = m.subset(np.array([idx[t] for t in order.tolist()]))
-        aligned.append(m)
-    cal = [match_calibration(m, val, name) for m in members]
-    if all(c is not None for c in cal) and cal:
-        cal_avg = average(cal, f"{name} (ensemble)", 0.5)  # type: ignore[arg-type]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            thr = fit_threshold(cal_avg.prob, cal_avg.label, "youden")
-        how = "youden on averaged validation predictions"
-    else:
-        thr = float(np.mean([m.threshold for m in members]))
-        how = "mean of the members' thresholds (no validation predictions given)"
-    ens = average(aligned, f"{name} (ensemble)", thr)
-    ens.meta["threshold_from"] = how
-    return ens
-
-
 def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
                    val: dict[str, list[Predictions]] | None = None, build_missing: bool = True,
                    n_resamples: int = 1000, seed: int = 0, q: float = 0.05, key: str = "ensemble_comparison",
@@ -78,8 +50,8 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     """Paper Table 8: IVR, AS, MFS at full coverage of each detector's single-seed runs (mean over seeds) and of
     its seed ensemble, and the gain in MFS. Ensembles are the runs with ``seed=None``, of the detector their run
     spec names (:attr:`Predictions.ensemble_of`, else of their own name); with ``build_missing`` a detector
-    with ≥ 2 seeds and no ensemble gets the probability average of its seeds (:func:`_ensemble_for`; ``val``:
-    the validation predictions that freeze its
+    with ≥ 2 seeds and no ensemble gets the probability average of its seeds
+    (:func:`~sift.evaluation.analysis.seed_ensemble`; ``val``: the validation predictions that freeze its
     threshold). A run with a seed is always a single-seed run of its own name (e.g. the per-seed
     ``instance_ensemble``). Per detector, a paired test compares the invariance (verdict kept) of the first seed
     and of the ensemble on the same preserving pairs: McNemar made cluster-aware, an exact sign-flip test over
@@ -104,7 +76,7 @@ def ensemble_table(runs: dict[str, list[Predictions]], pairs: Pairs, *,
     if build_missing:
         for base, lst in singles.items():
             if base not in ens and len(lst) >= 2:
-                ens[base] = _ensemble_for(base, lst, val)
+                ens[base] = seed_ensemble(base, lst, val)
                 built.append(base)
     names = [n for n in singles if n in ens] + [n for n in ens if n not in singles]
     axes = preserving_axes(pairs)
