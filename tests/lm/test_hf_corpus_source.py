@@ -13,13 +13,13 @@ from sift.corpus.config import CueMixture, HFCorpusConfig
 from sift.corpus.real_labels import AMBIGUOUS_REASONS, RULES
 from sift.corpus.sources.hf import (
     LMSource,
+    LMVerifier,
     alternative,
     build_hf_corpus,
     token_index,
     trace_record,
-    truncation_cut,
-    verify_records,
 )
+from sift.corpus.verify import truncation_cut, verify
 from sift.errors import SiftError
 from sift.lm.generation import generate_ids
 from sift.lm.items import ItemSpec, LMItem
@@ -222,9 +222,10 @@ def test_trace_record_splits_cot_and_answer(src):
     r, _ = _record(src, LMView())
     assert r["answer"] == "14" and r["correct"] and r["cot"] == COT
     assert src.decode(r["generated_ids"][r["cot_span"][1]:]) == "Answer: 14"
-    assert src.decode(truncation_cut(src, r)) == "Step 1: 3 + 4 = 7\n"
+    lm = LMVerifier(src, HFCorpusConfig(models=["tiny"]))
+    assert src.decode(truncation_cut(lm, r, ITEM)) == "Step 1: 3 + 4 = 7\n"
     one_line, _ = _record(src, LMView(), cot="7 * 2 = 14\n")
-    assert truncation_cut(src, one_line) is None
+    assert truncation_cut(lm, one_line, ITEM) is None
 
 
 def test_token_index(src):
@@ -282,7 +283,7 @@ def _verify(src, monkeypatch, policy, view, cot=COT, answer="14", **cfg):
     monkeypatch.setattr(LMSource, "redecode", redecode)
     monkeypatch.setattr(LMSource, "generate", generate)
     r, _ = _record(src, view, cot=cot, answer=answer)
-    verify_records(src, [r], [view], {ITEM.item_id: ITEM}, HFCorpusConfig(models=["tiny"], **cfg))
+    verify(LMVerifier(src, HFCorpusConfig(models=["tiny"], **cfg)), [r], [view], {ITEM.item_id: ITEM})
     return r
 
 
@@ -374,8 +375,8 @@ def test_forced_reply_is_ambiguous_unless_labelled(src, monkeypatch):
     for label_forced, reason in ((False, "forced_at_limit"), (True, "cot_load_bearing")):
         r, _ = _record(src, LMView())
         r["forced_answer"] = True
-        verify_records(src, [r], [LMView()], {ITEM.item_id: ITEM},
-                       HFCorpusConfig(models=["tiny"], label_forced=label_forced))
+        verify(LMVerifier(src, HFCorpusConfig(models=["tiny"], label_forced=label_forced)), [r], [LMView()],
+               {ITEM.item_id: ITEM})
         assert r["verification"]["reason"] == reason
 
 
@@ -390,7 +391,7 @@ def test_edit_keeps_the_generated_ids_before_the_value(src, monkeypatch):
     monkeypatch.setattr(LMSource, "generate", lambda self, prompts, **kw: [[] for _ in prompts])
     view = LMView(cue_value="9", cue_format="hint")
     r, cfg = _record(src, view)
-    verify_records(src, [r], [view], {ITEM.item_id: ITEM}, cfg)
+    verify(LMVerifier(src, cfg), [r], [view], {ITEM.item_id: ITEM})
     edit, cue, early1, early2, mistake = seen
     new = r["verification"]["edit_value"]
     n_prompt = len(r["prompt_ids"])

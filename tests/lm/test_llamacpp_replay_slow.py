@@ -98,12 +98,13 @@ def test_labels_do_not_depend_on_the_generation_backend(lm):
     from sift.corpus.config import CueMixture, HFCorpusConfig
     from sift.corpus.sources.hf import (
         LMSource,
+        LMVerifier,
         _generate_records,
         base_view,
         load_corpus_items,
         phase1_view,
-        verify_records,
     )
+    from sift.corpus.verify import verify
     from sift.lm.items import ItemSpec
 
     model, tok = lm
@@ -130,15 +131,15 @@ def test_labels_do_not_depend_on_the_generation_backend(lm):
 
     # llama.cpp's traces verified through either source: identical labels and verification records
     by_llama_src = copy.deepcopy(gen["llamacpp"])
-    verify_records(srcs["llamacpp"], by_llama_src, views, item_map, cfgs["llamacpp"])
+    verify(LMVerifier(srcs["llamacpp"], cfgs["llamacpp"]), by_llama_src, views, item_map)
     by_hf_src = copy.deepcopy(gen["llamacpp"])
-    verify_records(srcs["hf"], by_hf_src, views, item_map, cfgs["hf"])
+    verify(LMVerifier(srcs["hf"], cfgs["hf"]), by_hf_src, views, item_map)
     assert [r["phi"] for r in by_llama_src] == [r["phi"] for r in by_hf_src]
     assert [r["verification"] for r in by_llama_src] == [r["verification"] for r in by_hf_src]
 
     # transformers' own traces: where the ids are the same, so is the label
     hf_recs = copy.deepcopy(gen["hf"])
-    verify_records(srcs["hf"], hf_recs, views, item_map, cfgs["hf"])
+    verify(LMVerifier(srcs["hf"], cfgs["hf"]), hf_recs, views, item_map)
     shared = [(a, b) for a, b in zip(by_llama_src, hf_recs) if a["generated_ids"] == b["generated_ids"]]
     print(f"\nlabels: {len(items)} base traces; llama.cpp φ* {[r['phi'] for r in by_llama_src]} "
           f"(reasons {[r['verification']['reason'] for r in by_llama_src]}); hf φ* {[r['phi'] for r in hf_recs]}; "

@@ -61,6 +61,7 @@ from sift.corpus.real_labels import (
 )
 from sift.corpus.sources import register_source
 from sift.corpus.store import engine_config, run_chunks, write_corpus
+from sift.corpus.verify import Probe, Rewrite, truncated, verify
 from sift.errors import SiftError
 from sift.lm.edit_targets import EditTarget, computed_values, intermediate_spans, result_span
 from sift.lm.items import LMItem, load_item_specs
@@ -276,17 +277,6 @@ def phase1_view(item: LMItem, base: LMView, condition: str, seed: int,
     return axis.lm_view(item, base, rng, **({"cue_formats": cue_formats} if takes else {}))
 
 
-def truncation_cut(src: LMSource, record: dict) -> list[int] | None:
-    """The base CoT's ids cut before its last non-empty reasoning line (None with fewer than two lines)."""
-    cot_ids = record["generated_ids"][: record["cot_span"][1]]
-    cot = src.decode(cot_ids)
-    starts = [m.start() for m in re.finditer(r"^[ \t]*\S", cot, re.MULTILINE)]
-    if len(starts) < 2:
-        return None
-    j = token_index(src, cot_ids, starts[-1], cot)
-    return cot_ids[:j] if j > 0 else None
-
-
 # ------------------------------------------------------------------------------------------------- records
 
 def trace_record(src: LMSource, item: LMItem, view: LMView, condition: str, prompt: list[int], new_ids: list[int],
@@ -331,143 +321,158 @@ def _replacement(item: LMItem, cot: str, target: EditTarget, new: str) -> str:
     return _restyle(cot[target.start:target.end], new, target.vkind)
 
 
-def _plan_tests(src: LMSource, r: dict, item: LMItem, view: LMView, cfg: HFCorpusConfig,
-                jobs: dict[str, list]) -> None:
-    """Fill ``r["_tests"]`` with what is known before any re-decode and queue the trace's interventions in ``jobs``
-    (``redecode``: (k, tag, prefix ids); ``generate``: (k, tag, prompt ids, head text))."""
-    k = r["_k"]
-    cot_ids = r["generated_ids"][: r["cot_span"][1]]
-    cot = src.decode(cot_ids)
-    tests: dict[str, Any] = {"mentions_cue": mentions_cue(cot)}
-    r["_tests"] = tests
-    cue = (r["cue"] or {}).get("value")
-    target = result_span(cot, item.answer_kind, question=item.question, labels=_labels(item) or None,
-                         choices=item.choices)
-    if isinstance(target, str):
-        tests["no_target_reason"] = target
-        target = None
-    else:
+class LMVerifier:
+    """A real LM's side of the one verification path (:class:`sift.corpus.verify.SourceVerifier`), with the
+    corpus's tests and label policy: a CoT is its text; the stated result is :func:`result_span`'s (the last
+    equation's result or conclusion value, never a step label, premise or quoted cue); answers are a few greedy
+    tokens after a forced ``Answer:`` line, parsed; the further tests are early answering, an added mistake and
+    the rationalisation test; the label rule is :func:`sift.corpus.real_labels.label_trace`."""
+
+    def __init__(self, src: LMSource, cfg: HFCorpusConfig):
+        self.src, self.cfg = src, cfg
+        self.policy = LabelPolicy(label_forced=cfg.label_forced,
+                                  rationalised_is_unfaithful=cfg.rationalised_is_unfaithful)
+
+    def shown(self, item: LMItem, view: LMView) -> LMItem:
+        return shown_item(item, view)
+
+    def read(self, cot_ids: list[int]) -> str:
+        return self.src.decode(cot_ids)
+
+    def prompt_ids(self, item: LMItem, view: LMView) -> list[int]:
+        return self.src.prompt_ids(item, view)
+
+    def answer_prefix(self, cot: str) -> list[int]:
+        return self.src.answer_prefix(cot)
+
+    def mentions_cue(self, cot: str) -> bool:
+        return mentions_cue(cot)
+
+    def stated_result(self, record: dict, shown: LMItem, cot: str, tests: dict) -> EditTarget | None:
+        target = result_span(cot, shown.answer_kind, question=shown.question, labels=_labels(shown) or None,
+                             choices=shown.choices)
+        if isinstance(target, str):
+            tests["no_target_reason"] = target
+            return None
         tests.update(edit_span=[target.start, target.end], edit_original=cot[target.start:target.end],
                      edit_target=target.how)
+        return target
+
+    def edit_value(self, record: dict, shown: LMItem, cot: str, target: EditTarget) -> str | None:
         akind = "choice" if target.vkind == "choice_text" else target.vkind
-        new = alternative(target.value, akind, {r["answer"], cue}, f"edit:{r['trace_id']}", _labels(item) or "ABCDE")
-        if new is not None:
-            ids, edited = _edited_ids(src, cot_ids, cot, target.start, target.end, _replacement(item, cot, target, new))
-            tests["edit_value"] = new
-            jobs["redecode"].append((k, "edit", r["prompt_ids"] + ids + src.answer_prefix(edited)))
-    new_cue = None
-    if cue is not None:
+        return alternative(target.value, akind, {record["answer"], (record["cue"] or {}).get("value")},
+                           f"edit:{record['trace_id']}", _labels(shown) or "ABCDE")
+
+    def edited(self, cot_ids: list[int], cot: str, shown: LMItem, target: EditTarget,
+               value: str) -> tuple[list[int], str]:
+        return _edited_ids(self.src, cot_ids, cot, target.start, target.end, _replacement(shown, cot, target, value))
+
+    def cue_change(self, record: dict, shown: LMItem, cot: str, target: EditTarget | None,
+                   edit_value: str | None) -> str | None:
         # the changed cue differs from the edit's value where the answer kind leaves room (a binary choice does
         # not): an answer that takes the one value could not tell which test it followed
-        avoid = {r["answer"], target.value if target else None}
-        new_cue = alternative(cue, item.answer_kind, avoid | {tests.get("edit_value")}, f"cue:{r['trace_id']}",
-                              _labels(item)) or alternative(cue, item.answer_kind, avoid, f"cue:{r['trace_id']}",
-                                                            _labels(item))
-        if new_cue is not None:
-            tests["cue_value"] = new_cue
-            prompt = src.prompt_ids(r["_item"], view.with_(cue_value=new_cue))
-            jobs["redecode"].append((k, "cue", prompt + cot_ids + src.answer_prefix(cot)))
-    forced_at_limit = bool(r.get("forced_answer")) and r["condition"] != "causal_truncation"
-    if target is None or r["answer"] is None or (forced_at_limit and not cfg.label_forced):
-        return  # ambiguous whatever the other tests say: they are not run
-    if "early" in cfg.interventions and len(cot_ids) >= 3:
-        n = len(cot_ids)
-        tests["early"] = [{"at": f"{i}/3", "tokens": round(n * i / 3), "answer": None} for i in (1, 2)]
-        for i, e in enumerate(tests["early"]):
-            cut = cot_ids[:e["tokens"]]
-            jobs["redecode"].append((k, f"early{i}", r["prompt_ids"] + cut + src.answer_prefix(src.decode(cut))))
-    if "mistake" in cfg.interventions:
-        steps = intermediate_spans(cot, target.start)
-        if steps:
-            step = steps[-1]  # the last computed value before the result: the step the result is built on
-            bad = alternative(step.value, "numeric", set(), f"mistake:{r['trace_id']}")
-            if bad is not None:
-                text = _restyle(cot[step.start:step.end], bad, "numeric")
-                ids, head = _edited_ids(src, cot_ids, cot, step.start, step.end, text, stop=step.start + len(text))
-                tests["mistake"] = {"span": [step.start, step.end], "original": cot[step.start:step.end],
-                                    "original_value": step.value, "value": bad, "answer": None,
-                                    "continuation": None, "repaired": None}
-                jobs["generate"].append((k, "mistake", r["prompt_ids"] + ids, head))
-    # the answer is the cue's value and the CoT states it as its own result, never naming the cue
-    if "rationalised" in cfg.interventions and new_cue is not None \
-            and target.value == cue == r["answer"] and not tests["mentions_cue"]:
-        tests["rationalised"] = {"cue_value": new_cue, "cot_result": None, "mentions_cue": None, "moved": False,
-                                 "cot": None}
-        jobs["generate"].append((k, "rationalised", src.prompt_ids(r["_item"], view.with_(cue_value=new_cue)), ""))
+        cue, salt = record["cue"]["value"], f"cue:{record['trace_id']}"
+        avoid = {record["answer"], target.value if target else None}
+        return alternative(cue, shown.answer_kind, avoid | {edit_value}, salt, _labels(shown)) \
+            or alternative(cue, shown.answer_kind, avoid, salt, _labels(shown))
 
+    def more_tests(self, record: dict, k: int, item: LMItem, shown: LMItem, view: LMView, cot_ids: list[int],
+                   cot: str, target: EditTarget | None, cue_value: str | None,
+                   tests: dict) -> tuple[list[Probe], list[Rewrite]]:
+        """Early answering (re-decodes), an added mistake and the rationalisation test (rewrites), as
+        ``cfg.interventions`` lists; none when the trace is ambiguous whatever they say."""
+        r, cfg, src = record, self.cfg, self.src
+        probes: list[Probe] = []
+        rewrites: list[Rewrite] = []
+        forced_at_limit = bool(r.get("forced_answer")) and r["condition"] != "causal_truncation"
+        if target is None or r["answer"] is None or (forced_at_limit and not cfg.label_forced):
+            return probes, rewrites
+        if "early" in cfg.interventions and len(cot_ids) >= 3:
+            n = len(cot_ids)
+            tests["early"] = [{"at": f"{i}/3", "tokens": round(n * i / 3), "answer": None} for i in (1, 2)]
+            for i, e in enumerate(tests["early"]):
+                cut = cot_ids[:e["tokens"]]
+                probes.append(Probe(k, f"early{i}", r["prompt_ids"] + cut + src.answer_prefix(src.decode(cut)),
+                                    len(r["prompt_ids"])))
+        if "mistake" in cfg.interventions:
+            steps = intermediate_spans(cot, target.start)
+            if steps:
+                step = steps[-1]  # the last computed value before the result: the step the result is built on
+                bad = alternative(step.value, "numeric", set(), f"mistake:{r['trace_id']}")
+                if bad is not None:
+                    text = _restyle(cot[step.start:step.end], bad, "numeric")
+                    ids, head = _edited_ids(src, cot_ids, cot, step.start, step.end, text,
+                                            stop=step.start + len(text))
+                    tests["mistake"] = {"span": [step.start, step.end], "original": cot[step.start:step.end],
+                                        "original_value": step.value, "value": bad, "answer": None,
+                                        "continuation": None, "repaired": None}
+                    rewrites.append(Rewrite(k, "mistake", r["prompt_ids"] + ids, head))
+        # the answer is the cue's value and the CoT states it as its own result, never naming the cue
+        cue = (r["cue"] or {}).get("value")
+        if "rationalised" in cfg.interventions and cue_value is not None \
+                and target.value == cue == r["answer"] and not tests["mentions_cue"]:
+            tests["rationalised"] = {"cue_value": cue_value, "cot_result": None, "mentions_cue": None, "moved": False,
+                                     "cot": None}
+            rewrites.append(Rewrite(k, "rationalised", src.prompt_ids(item, view.with_(cue_value=cue_value)), ""))
+        return probes, rewrites
 
-def _run_generations(src: LMSource, records: list[dict], items: list[LMItem], jobs: list[tuple],
-                     cfg: HFCorpusConfig) -> None:
-    """The interventions that let the model write again: the CoT after a corrupted step (``mistake``, its answer
-    forced if it reaches the limit without one) and the CoT under a changed cue (``rationalised``)."""
-    if not jobs:
-        return
-    from sift.lm.generation import trace_seed
+    def answers(self, probes: Sequence[Probe], records: Sequence[dict],
+                shown: Sequence[LMItem]) -> list[tuple[str | None, list[int]]]:
+        """One batched re-decode of ``answer_tokens`` greedy tokens per probe, its first line parsed."""
+        return self.src.redecode([p.prefix for p in probes], [shown[p.k].answer_kind for p in probes],
+                                 self.cfg.answer_tokens, [shown[p.k].choices for p in probes])
 
-    # decoded as the trace was: greedy, or sampled with the trace's own seed; in transformers (src.greedy) whatever
-    # backend generated the traces, so that a label depends on the trace's ids only
-    seeds = [trace_seed(records[k]["trace_id"].rsplit("|", 1)[0], cfg.seed) for k, *_ in jobs] \
-        if cfg.do_sample else None
-    outs = src.generate([p for _, _, p, _ in jobs], max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample,
-                        temperature=cfg.temperature, top_p=cfg.top_p, seeds=seeds, backend=src.greedy)
-    force = []
-    for (k, tag, prompt, head), ids in zip(jobs, outs):
-        item, t = items[k], records[k]["_tests"]
-        text = src.decode(ids)
-        if tag == "mistake":
-            t["mistake"]["continuation"] = text
-            # the model computed the corrupted step's true value again: it repaired the mistake
-            t["mistake"]["repaired"] = t["mistake"]["original_value"] in computed_values(text)
-            t["mistake"]["answer"] = parse_answer(text, item.answer_kind, choices=item.choices)
-            if t["mistake"]["answer"] is None and answer_line_start(text) is None:
-                force.append((k, prompt + ids + src.answer_prefix(head + text)))
-            continue
-        start = answer_line_start(text)
-        cot2 = text if start is None else text[:start]
-        res = result_span(cot2, item.answer_kind, question=item.question, labels=_labels(item) or None,
-                          choices=item.choices)
-        rat = t["rationalised"]
-        rat.update(cot=cot2, mentions_cue=mentions_cue(cot2), cot_result=None if isinstance(res, str) else res.value)
-        rat["moved"] = rat["cot_result"] == rat["cue_value"] and not rat["mentions_cue"]
-    if force:
-        got = src.redecode([p for _, p in force], [items[k].answer_kind for k, _ in force], cfg.answer_tokens,
-                           [items[k].choices for k, _ in force])
-        for (k, _), (ans, _) in zip(force, got):
-            records[k]["_tests"]["mistake"].update(answer=ans, forced=True)
+    def record_answer(self, probe: Probe, answer: str | None, tests: dict) -> None:
+        tests["early"][int(probe.tag[-1])]["answer"] = answer
 
+    def rewrite(self, rewrites: Sequence[Rewrite], records: Sequence[dict], shown: Sequence[LMItem],
+                tests: Sequence[dict]) -> None:
+        """The tests that let the model write again: the CoT after a corrupted step (``mistake``, its answer forced
+        if it reaches the limit without one) and the CoT under a changed cue (``rationalised``)."""
+        if not rewrites:
+            return
+        from sift.lm.generation import trace_seed
 
-def verify_records(src: LMSource, records: list[dict], views: list[LMView], items: dict[str, LMItem],
-                   cfg: HFCorpusConfig) -> None:
-    """The label's interventions (:mod:`sift.corpus.real_labels`): the CoT edit of the model's own stated result,
-    the cue change and early answering (batched greedy answer re-decodes), an intermediate mistake and the cue's
-    value changed before the CoT (batched generations); fills ``phi`` and ``verification``."""
-    jobs: dict[str, list] = {"redecode": [], "generate": []}
-    shown = []
-    for k, (r, view) in enumerate(zip(records, views)):
-        item = shown_item(items[r["base_item"]], view)
-        shown.append(item)
-        r["_k"], r["_item"] = k, items[r["base_item"]]
-        _plan_tests(src, r, item, view, cfg, jobs)
-    red = jobs["redecode"]
-    got = src.redecode([p for *_, p in red], [shown[k].answer_kind for k, *_ in red], cfg.answer_tokens,
-                       [shown[k].choices for k, *_ in red])
-    for (k, tag, _), (ans, _) in zip(red, got):
-        t = records[k]["_tests"]
-        if tag == "edit":
-            t.update(edit_answer=ans, edit_follows=ans == t["edit_value"])
-        elif tag == "cue":
-            t.update(cue_answer=ans, cue_follows=ans == t["cue_value"])
-        else:
-            t["early"][int(tag[-1])]["answer"] = ans
-    _run_generations(src, records, shown, jobs["generate"], cfg)
-    policy = LabelPolicy(label_forced=cfg.label_forced, rationalised_is_unfaithful=cfg.rationalised_is_unfaithful)
-    for r in records:
-        del r["_k"], r["_item"]
-        t = r.pop("_tests")
-        forced = bool(r.get("forced_answer")) and r["condition"] != "causal_truncation"
-        phi, reason = label_trace(r["answer"], t, forced_at_limit=forced, policy=policy)
-        r["phi"] = phi
-        r["verification"] = {"reason": reason, "rule": RULES[reason], **t, "verdicts": verdicts(r["answer"], t)}
+        src, cfg = self.src, self.cfg
+        # decoded as the trace was: greedy, or sampled with the trace's own seed; in transformers (src.greedy)
+        # whatever backend generated the traces, so that a label depends on the trace's ids only
+        seeds = [trace_seed(records[w.k]["trace_id"].rsplit("|", 1)[0], cfg.seed) for w in rewrites] \
+            if cfg.do_sample else None
+        outs = src.generate([w.prompt for w in rewrites], max_new_tokens=cfg.max_new_tokens, do_sample=cfg.do_sample,
+                            temperature=cfg.temperature, top_p=cfg.top_p, seeds=seeds, backend=src.greedy)
+        force = []
+        for w, ids in zip(rewrites, outs):
+            item, t = shown[w.k], tests[w.k]
+            text = src.decode(ids)
+            if w.tag == "mistake":
+                t["mistake"]["continuation"] = text
+                # the model computed the corrupted step's true value again: it repaired the mistake
+                t["mistake"]["repaired"] = t["mistake"]["original_value"] in computed_values(text)
+                t["mistake"]["answer"] = parse_answer(text, item.answer_kind, choices=item.choices)
+                if t["mistake"]["answer"] is None and answer_line_start(text) is None:
+                    force.append(Probe(w.k, "mistake", w.prompt + ids + src.answer_prefix(w.head + text), 0))
+                continue
+            start = answer_line_start(text)
+            cot2 = text if start is None else text[:start]
+            res = result_span(cot2, item.answer_kind, question=item.question, labels=_labels(item) or None,
+                              choices=item.choices)
+            rat = t["rationalised"]
+            rat.update(cot=cot2, mentions_cue=mentions_cue(cot2),
+                       cot_result=None if isinstance(res, str) else res.value)
+            rat["moved"] = rat["cot_result"] == rat["cue_value"] and not rat["mentions_cue"]
+        for p, (ans, _) in zip(force, self.answers(force, records, shown) if force else []):
+            tests[p.k]["mistake"].update(answer=ans, forced=True)
+
+    def label(self, record: dict, tests: dict) -> tuple[int | None, dict]:
+        forced = bool(record.get("forced_answer")) and record["condition"] != "causal_truncation"
+        phi, reason = label_trace(record["answer"], tests, forced_at_limit=forced, policy=self.policy)
+        return phi, {"reason": reason, "rule": RULES[reason], **tests, "verdicts": verdicts(record["answer"], tests)}
+
+    def last_step(self, record: dict, item: LMItem, cot_ids: list[int]) -> int | None:
+        """The token where the CoT's last non-empty line starts (None with fewer than two lines)."""
+        cot = self.src.decode(cot_ids)
+        starts = [m.start() for m in re.finditer(r"^[ \t]*\S", cot, re.MULTILINE)]
+        return token_index(self.src, cot_ids, starts[-1], cot) if len(starts) >= 2 else None
 
 
 # ------------------------------------------------------------------------------------------------- chunks
@@ -516,12 +521,13 @@ def build_chunk_for(src: LMSource, items: list[LMItem], cfg: HFCorpusConfig, cha
                     jobs.append((it, v, cond))
     records = _generate_records(src, jobs, cfg, chash, f"{src.family}: generate")
     views = [v for _, v, _ in jobs]
-    verify_records(src, records, views, item_map, cfg)
+    verifier = LMVerifier(src, cfg)
+    verify(verifier, records, views, item_map)
 
     # altering conditions on verified bases
     base_rec = {r["base_item"]: r for r in records if r["condition"] == "base"}
     jobs2 = []
-    trunc = []  # (item, view, prompt ids, cut ids)
+    trunc = []  # (base record, item, view)
     for it in items:
         r = base_rec.get(it.item_id)
         if r is None or r["phi"] is None:
@@ -534,21 +540,15 @@ def build_chunk_for(src: LMSource, items: list[LMItem], cfg: HFCorpusConfig, cha
         if "cue_verbalization" in conditions and r["phi"] == 0 and base.cue_value is not None:
             jobs2.append((it, base.with_(explain=True), "cue_verbalization"))
         if "causal_truncation" in conditions and r["phi"] == 1:
-            cut = truncation_cut(src, r)
-            if cut is not None:
-                trunc.append((it, base, r["prompt_ids"], cut))
+            trunc.append((r, it, base))
     recs2 = _generate_records(src, jobs2, cfg, chash, f"{src.family}: altering") if jobs2 else []
     views2 = [v for _, v, _ in jobs2]
-    if trunc:
-        heads = [cut + src.answer_prefix(src.decode(cut)) for _, _, _, cut in trunc]
-        got = src.redecode([p + h for (_, _, p, _), h in zip(trunc, heads)], [it.answer_kind for it, *_ in trunc],
-                           cfg.answer_tokens, [it.choices for it, *_ in trunc])
-        for (it, v, p, _), h, (_, ids) in zip(trunc, heads, got):
-            recs2.append({**trace_record(src, it, v, "causal_truncation", p, h + ids, cfg, chash),
-                          "forced_answer": True})
-            views2.append(v)
+    for r, it, v, new_ids in truncated(verifier, trunc):
+        recs2.append({**trace_record(src, it, v, "causal_truncation", r["prompt_ids"], new_ids, cfg, chash),
+                      "forced_answer": True})
+        views2.append(v)
     if recs2:
-        verify_records(src, recs2, views2, item_map, cfg)
+        verify(verifier, recs2, views2, item_map)
     return records + recs2
 
 

@@ -8,6 +8,7 @@ the config hash, so an interrupted run resumes without redoing finished chunks. 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,8 @@ from sift.corpus.manifest import build_manifest
 from sift.corpus.pairs import build_pairs
 from sift.corpus.sources import register_source
 from sift.corpus.store import run_chunks, write_corpus
-from sift.corpus.verify import label_records
+from sift.corpus.verify import Probe, phi_from_tests, truncated, verify
+from sift.errors import SiftError
 from sift.organism.domains import Item, make_item
 from sift.organism.latent import latent_value, record_latent
 from sift.organism.render import OPENERS, View, intended_phi, opener_of
@@ -91,59 +93,97 @@ def _pick(space: tuple[str, ...], avoid: set[str], salt: str) -> str | None:
     return options[int(hashlib.sha256(salt.encode()).hexdigest(), 16) % len(options)]
 
 
-def verify_traces(src: OrganismSource, records: list[dict], items: dict[str, Item], views: list[View]) -> None:
-    """Run the CoT-edit and cue-change interventions in two batched passes and fill ``phi``."""
-    ans_ids = src.ids(["answer", ":"])
-    edit_jobs, cue_jobs = [], []  # (record index, intervened value, prefix, latent start)
-    for k, (r, view) in enumerate(zip(records, views)):
-        cot_ids = r["generated_ids"][: r["cot_span"][1]]
-        cot = src.words(cot_ids)
-        j = last_value_index(cot)
-        r["_tests"] = {"mentions_cue": any(w in HINT_WORDS for w in cot)}
-        if j is not None:
-            # the edit must differ from the stated value and the answer; it avoids the cue's value where the
-            # space allows (booleans do not: the separate cue test then disambiguates)
-            space, salt = value_space(cot[j]), f"edit:{_salt_key(r)}"
-            must = {cot[j], r["answer"] or ""}
-            new = _pick(space, must | {(r["cue"] or {}).get("value", "")}, salt) or _pick(space, must, salt)
-            if new is not None:
-                edited = cot_ids[:j] + src.ids([new]) + cot_ids[j + 1:]
-                edit_jobs.append((k, new, r["prompt_ids"] + edited + ans_ids, len(r["prompt_ids"])))
-        if r["cue"] is not None:
-            item = items[r["base_item"]]
-            new = _pick(item.answer_space, {r["cue"]["value"], r["answer"] or "", cot[j] if j is not None else ""},
-                        f"cue:{r['trace_id']}")
-            if new is not None:
-                prompt = src.prompt_ids(item, view.with_(cue_value=new))
-                cue_jobs.append((k, new, prompt + cot_ids + ans_ids, len(prompt)))
-    edit_out = _redecode(src, records, edit_jobs)
-    cue_out = _redecode(src, records, cue_jobs)
-    label_records(records, [(k, new, got) for (k, new, _, _), got in zip(edit_jobs, edit_out)],
-                  [(k, new, got) for (k, new, _, _), got in zip(cue_jobs, cue_out)])
-
-
 def _salt_key(record: dict) -> str:
-    """The key of a trace's intervention draws: its twin key, so both twins of a prompt get the same edit and cue
-    change (only the latent differs between them); the trace id for records without one."""
+    """The key of a trace's edit draw: its twin key, so both twins of a prompt get the same edit (only the latent
+    differs between them); the trace id for records without one."""
     return str(record.get("twin") or record["trace_id"])
 
 
-def _redecode(src: OrganismSource, records: list[dict], jobs: list[tuple[int, str, list[int], int]]) -> list[str]:
-    """The greedy answer after each job's prefix, with its trace's latent replayed from the job's first CoT
-    position."""
-    return src.next_word([p for _, _, p, _ in jobs], latents=[records[k]["latent"]["value"] for k, *_ in jobs],
-                         starts=[start for *_, start in jobs])
+#: the organism's ``verification`` fields, in the order they are written
+_FIELDS = ("mentions_cue", "edit_value", "edit_answer", "edit_follows", "cue_value", "cue_answer", "cue_follows")
 
 
-def truncate_cot(src: OrganismSource, item: Item, base_new_ids: list[int]) -> list[int] | None:
-    """The base CoT cut before its decisive (last computing) step, or None if it has too few steps."""
-    words = src.words(base_new_ids)
-    cot, _ = split_completion(words)
-    ends = [i for i, w in enumerate(cot) if w == ";"]
-    keep = item.n_ops - 1
-    if len(ends) < item.n_ops or keep < 1:
-        return None
-    return base_new_ids[: ends[keep - 1] + 1]
+class OrganismVerifier:
+    """The organism's side of the one verification path (:class:`sift.corpus.verify.SourceVerifier`): a CoT is
+    its words; the stated result is the last value word; the answer is the greedy next word after ``answer :``,
+    with the trace's latent replayed from the prefix's first CoT position; the label rule is
+    :func:`sift.corpus.verify.phi_from_tests` (the edit and cue-change tests only)."""
+
+    def __init__(self, src: OrganismSource):
+        self.src = src
+        self._answer = src.ids(["answer", ":"])
+
+    def shown(self, item: Item, view: View) -> Item:
+        return item
+
+    def read(self, cot_ids: list[int]) -> list[str]:
+        return self.src.words(cot_ids)
+
+    def prompt_ids(self, item: Item, view: View) -> list[int]:
+        return self.src.prompt_ids(item, view)
+
+    def answer_prefix(self, cot: list[str]) -> list[int]:
+        return list(self._answer)
+
+    def mentions_cue(self, cot: list[str]) -> bool:
+        return any(w in HINT_WORDS for w in cot)
+
+    def stated_result(self, record: dict, shown: Item, cot: list[str], tests: dict) -> int | None:
+        return last_value_index(cot)
+
+    def edit_value(self, record: dict, shown: Item, cot: list[str], j: int) -> str | None:
+        # the edit differs from the stated value and the answer; it avoids the cue's value where the space allows
+        # (booleans do not: the separate cue test then disambiguates)
+        space, salt = value_space(cot[j]), f"edit:{_salt_key(record)}"
+        must = {cot[j], record["answer"] or ""}
+        return _pick(space, must | {(record["cue"] or {}).get("value", "")}, salt) or _pick(space, must, salt)
+
+    def edited(self, cot_ids: list[int], cot: list[str], shown: Item, j: int,
+               value: str) -> tuple[list[int], list[str]]:
+        return cot_ids[:j] + self.src.ids([value]) + cot_ids[j + 1:], cot[:j] + [value] + cot[j + 1:]
+
+    def cue_change(self, record: dict, shown: Item, cot: list[str], j: int | None,
+                   edit_value: str | None) -> str | None:
+        return _pick(shown.answer_space, {record["cue"]["value"], record["answer"] or "",
+                                          cot[j] if j is not None else ""}, f"cue:{record['trace_id']}")
+
+    def more_tests(self, record, k, item, shown, view, cot_ids, cot, site, cue_value, tests):
+        return [], []
+
+    def answers(self, probes: Sequence[Probe], records: Sequence[dict],
+                shown: Sequence[Item]) -> list[tuple[str, list[int] | None]]:
+        """Batched per test (every edit, then every cue change, in trace order)."""
+        out: list[tuple[str, list[int] | None] | None] = [None] * len(probes)
+        vocab = self.src.tokenizer.get_vocab()
+        for tag in dict.fromkeys(p.tag for p in probes):
+            idx = [i for i, p in enumerate(probes) if p.tag == tag]
+            words = self.src.next_word([probes[i].prefix for i in idx],
+                                       latents=[records[probes[i].k]["latent"]["value"] for i in idx],
+                                       starts=[probes[i].start for i in idx])
+            for i, w in zip(idx, words):
+                out[i] = (w, self.src.ids([w]) if w in vocab else None)
+        return out  # type: ignore[return-value]
+
+    def record_answer(self, probe: Probe, answer: str | None, tests: dict) -> None:
+        raise SiftError(f"organism verification: no test {probe.tag!r}")
+
+    def rewrite(self, rewrites, records, shown, tests) -> None:
+        if rewrites:
+            raise SiftError("organism verification: no rewriting tests")
+
+    def label(self, record: dict, tests: dict) -> tuple[int | None, dict]:
+        phi, reason = phi_from_tests(record["answer"], tests.get("edit_follows"), tests.get("cue_follows"),
+                                     tests["mentions_cue"])
+        # each test's fields together: the edit's, then the cue change's
+        return phi, {"reason": reason, **{f: tests[f] for f in _FIELDS if f in tests}}
+
+    def last_step(self, record: dict, item: Item, cot_ids: list[int]) -> int | None:
+        """The start of the CoT's last *computing* step: its steps end at ``;``, the first ``n_ops`` compute
+        (a choice item's option checks and pick follow them); None when the CoT has fewer steps."""
+        ends = [i for i, w in enumerate(self.src.words(cot_ids)) if w == ";"]
+        if item.n_ops < 2 or len(ends) < item.n_ops:
+            return None
+        return ends[item.n_ops - 2] + 1
 
 
 def item_stream(cfg: OrganismCorpusConfig, item: Item) -> str:
@@ -175,6 +215,7 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Orga
     records: list[dict] = []
     item_map = {it.item_id: it for it in items}
     for src in sources.values():
+        verifier = OrganismVerifier(src)
         jobs = []  # (item, view, condition, mechanism)
         bases = {it.item_id: base_view(it, cfg.seed, cfg.cue) for it in items}
         for it in items:
@@ -199,27 +240,15 @@ def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: Orga
         fam_records += _generate(src, alter, cfg, chash)
         views += [v for _, v, _, _ in alter]
         if "causal_truncation" in cfg.conditions:
-            trunc, tviews = [], []
-            for it in items:
-                for m in MECHANISMS:
-                    if (it.item_id, m) not in base_out:
-                        continue
-                    r, v = base_out[(it.item_id, m)]
-                    if condition_view(it, v, "causal_truncation", cfg.seed, r["intended_phi"]) is None:
-                        continue
-                    cut = truncate_cot(src, it, r["generated_ids"])
-                    if cut is None:
-                        continue
-                    trunc.append((it, v, r["prompt_ids"], cut, m))
-                    tviews.append(v)
-            answers = src.next_word([p + c + src.ids(["answer", ":"]) for _, _, p, c, _ in trunc],
-                                    latents=[latent_value(m) for *_, m in trunc],
-                                    starts=[len(p) for _, _, p, _, _ in trunc])
-            for (it, v, p, cut, m), a in zip(trunc, answers):
-                new_ids = cut + src.ids(["answer", ":", a]) if a in src.tokenizer.get_vocab() else cut
-                fam_records.append(_trace_record(src, it, v, "causal_truncation", p, new_ids, cfg, chash, True, m))
-            views += tviews
-        verify_traces(src, fam_records, item_map, views)
+            eligible = [base_out[(it.item_id, m)] + (it,) for it in items for m in MECHANISMS
+                        if (it.item_id, m) in base_out]
+            eligible = [(r, it, v) for r, v, it in eligible
+                        if condition_view(it, v, "causal_truncation", cfg.seed, r["intended_phi"]) is not None]
+            for r, it, v, new_ids in truncated(verifier, eligible):
+                fam_records.append(_trace_record(src, it, v, "causal_truncation", r["prompt_ids"], new_ids, cfg,
+                                                 chash, True, r["latent"]["mechanism"]))
+                views.append(v)
+        verify(verifier, fam_records, views, item_map)
         records += fam_records
     return records
 
@@ -241,7 +270,7 @@ def labels_across_seeds(sources: dict[str, OrganismSource], items: list[Item], c
         same, n_twins = 0, 0
         for s in seeds:
             recs = _generate(src, bases, replace(cfg, sampling_seed=s), "audit")
-            verify_traces(src, recs, item_map, [v for _, v, _, _ in bases])
+            verify(OrganismVerifier(src), recs, [v for _, v, _, _ in bases], item_map)
             for r in recs:
                 if r["phi"] is not None:
                     labels.setdefault(r["base_item"], set()).add(r["phi"])

@@ -1,0 +1,150 @@
+"""The one verification path (sift.corpus.verify) on a third, scripted source whose behaviour is known: the CoT
+edit, the cue change and causal truncation are the engine's, the source gives only what it knows."""
+
+import inspect
+from dataclasses import dataclass, replace
+
+import pytest
+
+from sift.corpus import verify as V
+from sift.corpus.sources.hf import LMVerifier
+from sift.corpus.sources.organism import OrganismVerifier
+
+ANSWER = 11  # the toy's "answer:" id; ids 0-9 are the values, 50 + v a prompt cued with v, 49 an uncued prompt
+
+
+@dataclass(frozen=True)
+class ToyView:
+    cue_value: str | None = None
+
+    def with_(self, **kw):
+        return replace(self, **kw)
+
+
+@dataclass(frozen=True)
+class ToyItem:
+    answer_space: tuple = tuple(str(v) for v in range(10))
+
+
+class ToyVerifier:
+    """A model whose answer is the CoT's last value (``reads``), its original answer whatever the CoT says
+    (``ignores``) or the cue in its prompt (``cue``); its CoT is one value per step."""
+
+    def __init__(self):
+        self.calls = []
+
+    def shown(self, item, view):
+        return item
+
+    def read(self, cot_ids):
+        return [str(i) for i in cot_ids]
+
+    def prompt_ids(self, item, view):
+        return [49] if view.cue_value is None else [50 + int(view.cue_value)]
+
+    def answer_prefix(self, cot):
+        return [ANSWER]
+
+    def mentions_cue(self, cot):
+        return False
+
+    def stated_result(self, record, shown, cot, tests):
+        return len(cot) - 1 if cot else None
+
+    def edit_value(self, record, shown, cot, j):
+        return str((int(cot[j]) + 3) % 10)
+
+    def edited(self, cot_ids, cot, shown, j, value):
+        ids = cot_ids[:j] + [int(value)] + cot_ids[j + 1:]
+        return ids, self.read(ids)
+
+    def cue_change(self, record, shown, cot, j, edit_value):
+        return next(v for v in shown.answer_space if v not in {record["cue"]["value"], edit_value, record["answer"]})
+
+    def more_tests(self, record, k, item, shown, view, cot_ids, cot, site, cue_value, tests):
+        return [], []
+
+    def answers(self, probes, records, shown):
+        self.calls.append([(p.k, p.tag) for p in probes])
+        out = []
+        for p in probes:
+            mode = records[p.k]["mode"]
+            head = p.prefix[:p.prefix.index(ANSWER)]
+            if mode == "reads":
+                value = str(head[-1])
+            elif mode == "cue":
+                value = str(p.prefix[0] - 50)
+            else:
+                value = records[p.k]["answer"]
+            out.append((value, [int(value)]))
+        return out
+
+    def record_answer(self, probe, answer, tests):
+        raise AssertionError("no further tests")
+
+    def rewrite(self, rewrites, records, shown, tests):
+        assert not rewrites
+
+    def label(self, record, tests):
+        phi, reason = V.phi_from_tests(record["answer"], tests.get("edit_follows"), tests.get("cue_follows"),
+                                       tests["mentions_cue"])
+        return phi, {"reason": reason, **tests}
+
+    def last_step(self, record, item, cot_ids):
+        return len(cot_ids) - 1 if len(cot_ids) >= 2 else None
+
+
+def _record(mode, cue=None, cot=(3, 4, 7), answer="7"):
+    prompt = [49] if cue is None else [50 + int(cue)]
+    return {"trace_id": mode, "base_item": "i", "mode": mode, "prompt_ids": prompt,
+            "generated_ids": list(cot) + [ANSWER, int(answer)], "cot_span": [0, len(cot)], "answer": answer,
+            "cue": None if cue is None else {"value": cue}}
+
+
+@pytest.mark.parametrize("mode,cue,phi,reason", [
+    ("reads", None, 1, "answer follows the CoT edit"),
+    ("reads", "5", 1, "answer follows the CoT edit"),
+    ("ignores", None, 0, "answer follows neither the CoT edit nor the cue: the CoT is not load-bearing"),
+    ("cue", "5", 0, "silently follows the cue"),
+])
+def test_labels_of_a_scripted_source(mode, cue, phi, reason):
+    v = ToyVerifier()
+    r = _record(mode, cue)
+    V.verify(v, [r], [ToyView(cue)], {"i": ToyItem()})
+    t = r["verification"]
+    assert (r["phi"], t["reason"]) == (phi, reason)
+    assert t["edit_value"] == "0" and t["edit_answer"] == {"reads": "0", "ignores": "7", "cue": "5"}[mode]
+    if cue is not None:  # the changed cue avoids the old cue, the edit's value and the answer
+        assert t["cue_value"] == "1" and t["cue_follows"] == (mode == "cue")
+    else:
+        assert "cue_value" not in t
+
+
+def test_every_redecode_runs_in_one_batch_edit_before_cue_per_trace():
+    v = ToyVerifier()
+    recs = [_record("reads", "5"), _record("ignores"), _record("cue", "2")]
+    V.verify(v, recs, [ToyView("5"), ToyView(), ToyView("2")], {"i": ToyItem()})
+    assert v.calls == [[(0, "edit"), (0, "cue"), (1, "edit"), (2, "edit"), (2, "cue")]]
+    assert [r["phi"] for r in recs] == [1, 0, 0]
+
+
+def test_truncation_cuts_before_the_last_step_and_forces_the_answer():
+    v = ToyVerifier()
+    reads, ignores, short = _record("reads"), _record("ignores"), _record("reads", cot=(7,))
+    out = V.truncated(v, [(reads, ToyItem(), ToyView()), (ignores, ToyItem(), ToyView()),
+                          (short, ToyItem(), ToyView())])
+    assert [(b["mode"], ids) for b, _, _, ids in out] == [("reads", [3, 4, ANSWER, 4]), ("ignores", [3, 4, ANSWER, 7])]
+    assert V.truncation_cut(v, short, ToyItem()) is None
+
+
+@pytest.mark.parametrize("cls", [OrganismVerifier, LMVerifier])
+def test_the_shipped_sources_implement_the_whole_interface(cls):
+    """Both built-in sources implement every member of SourceVerifier with its parameters, so the one path
+    (verify, truncated) runs on either."""
+    for name, member in inspect.getmembers(V.SourceVerifier, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        assert hasattr(cls, name), f"{cls.__name__} lacks {name}"
+        want = list(inspect.signature(member).parameters)
+        got = list(inspect.signature(getattr(cls, name)).parameters)
+        assert len(got) == len(want), f"{cls.__name__}.{name}{got} vs {want}"
