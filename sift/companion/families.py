@@ -1,5 +1,6 @@
-"""The companion families: a registry of report-section builders, run in ``order`` by
-:func:`sift.companion.report.companion_sections` when their config node (``companion.<name>``) is enabled.
+"""The companion families: analyses (:mod:`sift.report.analysis`) of one :class:`CompanionContext`, run in
+``order`` by :func:`sift.companion.report.companion_sections` when their config node (``companion.<name>``) is
+enabled.
 
 A family is one function ``build(cfg, sources, out) -> Section`` (the ``companion`` node, the job's organism or
 real-LM sources, the output folder) registered with :func:`register_family`; a new family adds its function
@@ -12,34 +13,52 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sift.errors import SiftError
 from sift.report import Section
+from sift.report.analysis import Analysis, Registry
 
 Build = Callable[[Any, Any, Path], Section]
 
 
 @dataclass(frozen=True)
-class CompanionFamily:
+class CompanionContext:
+    """What the families read (:class:`sift.report.analysis.Context`): the ``companion`` config node, the job's
+    sources (their models loaded once and shared by every family) and the output folder. A family's need is its
+    config node, enabled."""
+
+    cfg: Any
+    sources: Any
+    out: Path
+
+    def has(self, need: str) -> bool:
+        node = self.cfg.get(need)
+        return node is not None and bool(node.get("enabled", False))
+
+
+@dataclass(frozen=True)
+class CompanionFamily(Analysis):
     """One registered family: its config node's name, its place in the report and its section builder."""
 
     name: str
-    order: int
-    build: Build
+    function: Build
+    order: float = 100.0
+
+    @property
+    def needs(self) -> tuple[str, ...]:  # type: ignore[override]
+        return (self.name,)
+
+    def build(self, ctx: CompanionContext) -> list[Section]:
+        return [self.function(ctx.cfg, ctx.sources, ctx.out)]
 
 
-#: name → family (the built-in ones register when :mod:`sift.companion.report` is imported)
-REGISTRY: dict[str, CompanionFamily] = {}
+#: the families by name (the built-in ones register when :mod:`sift.companion.report` is imported)
+FAMILIES: Registry[CompanionFamily] = Registry("companion family", ("sift.companion.report",))
 
 
 def register_family(name: str, order: int) -> Callable[[Build], Build]:
-    """Register ``build`` as the family ``name`` (sections sorted by ``order``, then name)."""
+    """Register ``build`` as the family ``name`` (sections sorted by ``order``, then registration)."""
 
     def deco(build: Build) -> Build:
-        old = REGISTRY.get(name)
-        if old is not None and old.build.__qualname__ != build.__qualname__:
-            raise SiftError(f"companion family {name!r} is registered twice ({old.build.__qualname__}, "
-                            f"{build.__qualname__})")
-        REGISTRY[name] = CompanionFamily(name, int(order), build)
+        FAMILIES.register(CompanionFamily(name, build, int(order)))
         return build
 
     return deco
@@ -47,6 +66,4 @@ def register_family(name: str, order: int) -> Callable[[Build], Build]:
 
 def families() -> list[CompanionFamily]:
     """Every registered family, in report order."""
-    import sift.companion.report  # noqa: F401  (registers the built-in families)
-
-    return sorted(REGISTRY.values(), key=lambda f: (f.order, f.name))
+    return FAMILIES.ordered()

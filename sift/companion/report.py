@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from sift.companion.edct import EDCTSettings
-from sift.companion.families import families, register_family
+from sift.companion.families import CompanionContext, families, register_family
 from sift.errors import SiftError
 from sift.report import Section, markdown_table
 
@@ -543,13 +543,12 @@ def companion_sections(cfg, out_dir) -> list[Section]:
         return []
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    org = _Organism(cfg, out)
+    ctx = CompanionContext(cfg, _Organism(cfg, out), out)
     sections: list[Section] = []
     for fam in families():  # sift.companion.families
-        node = cfg.get(fam.name)
-        if node is not None and node.get("enabled", False):
+        if fam.applies(ctx):
             t0 = time.time()
-            s = fam.build(cfg, org, out)
+            [s] = fam.build(ctx)
             s.results["seconds"] = round(time.time() - t0, 1)
             sections.append(s)
             # each family's numbers land on disk as soon as it finishes (long runs, interrupted runs)

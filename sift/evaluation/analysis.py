@@ -1,10 +1,13 @@
-"""Per-run computations shared by the report tables: aligned pair arrays, fast resampled metrics, SGR.
+"""The one view of a run, shared by the report tables and the appendix analyses: aligned pair arrays, fast
+resampled metrics, SGR.
 
 A :class:`RunData` is the view of one run's rows of the aligned
 :class:`~sift.evaluation.engine.PredictionTable` (its traces and the verified pairs whose two traces it has),
 encoded against a common list of base items so that the cluster bootstrap can resample base items once for
 all runs of a table (paper §7.1: 1,000 resamples stratified by base item). ``RunData.stats(items)`` computes
-every per-run number on the traces and pairs of the drawn base items (with multiplicity).
+every per-run number on the traces and pairs of the drawn base items (with multiplicity). A :class:`SeedStack`
+is the seeds of one detector stacked from their RunData views (what the appendix analyses read); its
+:class:`PairRows` are its first view's pairs.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from sift.metrics.bootstrap import ClusterRows, bootstrap_drawn
 from sift.metrics.classification import auroc_kernel
 from sift.metrics.invariance import ivr_pooled, ivr_update
 from sift.metrics.operating import OperatingMetrics, OperatingPoint, PairArrays, operating_metrics
-from sift.metrics.selective import SelectiveConfig
+from sift.metrics.selective import SelectiveConfig, gate
 
 NAN = math.nan
 
@@ -79,8 +82,15 @@ class RunData:
     p_alt: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))  # altering pair with a label change
     p_items: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
     p_ylab: tuple[np.ndarray, np.ndarray] = field(default_factory=lambda: (np.zeros(0, int), np.zeros(0, int)))
+    p_kind: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))  # preserving / altering
+    p_axis_name: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
     trace_index: ClusterRows | None = None
     pair_index: ClusterRows | None = None
+    # per trace: the table rows, domain, model and condition (what the appendix analyses group by)
+    rows: np.ndarray | None = None
+    domain: np.ndarray | None = None
+    model: np.ndarray | None = None
+    condition: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.trace_id.size)
@@ -103,6 +113,7 @@ class RunData:
         self.p_alt = (kind == "altering") & (phi_src != phi_dst)
         self.p_ylab = (phi_src, phi_dst)
         self.p_items = items
+        self.p_kind, self.p_axis_name = kind, axis
 
     def certify(self, cfg: SelectiveConfig, calib: RunData | None = None) -> RunData:
         """SGR threshold on ρ calibrated on ``calib`` (the same detector and seed on e.g. the validation split)
@@ -154,6 +165,124 @@ class RunData:
             out.update(coverage=cert.coverage, cert_ivr=cert.ivr, cert_as=cert.as_, cert_mfs=cert.mfs,
                        feasible=float(self.sgr.feasible))
         return out
+
+
+@dataclass(eq=False)
+class PairRows:
+    """Pairs of one kind whose both traces a stack has, as row indices into the stack."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    axis: np.ndarray
+    base_item: np.ndarray
+    phi_src: np.ndarray
+    phi_dst: np.ndarray
+    source_id: np.ndarray
+    shifted_id: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def subset(self, mask: np.ndarray) -> PairRows:
+        return PairRows(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+
+    def arrays(self, rows: np.ndarray, labels: tuple[np.ndarray, np.ndarray] | None = None,
+               mask: np.ndarray | None = None) -> PairArrays:
+        """The pairs at ``rows`` for :func:`sift.metrics.operating.operating_metrics` (every preserving pair in one
+        pooled axis): ``labels`` (before, after; per pair) replace the verified labels (label noise; AS counts
+        the pairs whose labels differ), ``mask`` (per pair) keeps a subset."""
+        if mask is not None:
+            rows = rows[mask[rows]]
+        lb, la = (self.phi_src, self.phi_dst) if labels is None else labels
+        return PairArrays(self.src[rows], self.dst[rows], label_src=lb[rows], label_dst=la[rows])
+
+
+@dataclass(eq=False)
+class SeedStack:
+    """The seeds of one detector stacked from their :class:`RunData` views (``views``, one per seed) and aligned
+    on the traces all of them cover, in the first seed's order: ``cols[s]`` are seed s's rows of its view,
+    ``prob``/``verdict``/``rho`` are [S, N]. Built by :meth:`of` (``PredictionTable.stack``); its pairs are the
+    first view's (:meth:`pair_rows`)."""
+
+    name: str
+    trace_id: np.ndarray
+    base_item: np.ndarray
+    domain: np.ndarray
+    model: np.ndarray
+    condition: np.ndarray
+    label: np.ndarray
+    prob: np.ndarray
+    threshold: np.ndarray  # [S]
+    seeds: list
+    views: list[RunData]
+    cols: np.ndarray  # [S, N]
+
+    @classmethod
+    def of(cls, name: str, views: Sequence[RunData]) -> SeedStack:
+        """Stack the seed views of one detector (the first carries the pairs) on the traces all of them cover."""
+        if not views:
+            raise SiftError(f"{name}: no predictions")
+        ref = views[0]
+        common = set(ref.trace_id.tolist())
+        for v in views[1:]:
+            common &= set(v.trace_id.tolist())
+        keep = np.array([t in common for t in ref.trace_id.tolist()], bool)
+        if not keep.any():
+            raise SiftError(f"{name}: the seeds share no trace")
+        tid = ref.trace_id[keep]
+        cols = []
+        for v in views:
+            where = v.row_of()
+            c = np.array([where[t] for t in tid.tolist()], int)
+            if not np.array_equal(v.label[c], ref.label[keep]):
+                raise SiftError(f"{name}: seeds {ref.run.seed} and {v.run.seed} disagree on verified labels")
+            cols.append(c)
+        return cls(name, tid, ref.item[keep], ref.domain[keep], ref.model[keep], ref.condition[keep], ref.label[keep],
+                   np.array([v.prob[c] for v, c in zip(views, cols)]), np.array([v.run.threshold for v in views],
+                                                                                  float),
+                   [v.run.seed for v in views], list(views), np.array(cols))
+
+    @property
+    def verdict(self) -> np.ndarray:
+        return (self.prob >= self.threshold[:, None]).astype(int)
+
+    @property
+    def rho(self) -> np.ndarray:
+        return gate(self.prob)
+
+    @property
+    def n_seeds(self) -> int:
+        return self.prob.shape[0]
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The prediction-table rows of each seed's traces ([S, N])."""
+        return np.array([v.rows[c] for v, c in zip(self.views, self.cols)])
+
+    def index(self) -> dict[str, int]:
+        return {t: i for i, t in enumerate(self.trace_id.tolist())}
+
+    def subset(self, keep: np.ndarray) -> SeedStack:
+        """The stack on its traces at ``keep`` (indices or a mask)."""
+        return SeedStack(self.name, self.trace_id[keep], self.base_item[keep], self.domain[keep], self.model[keep],
+                         self.condition[keep], self.label[keep], self.prob[:, keep], self.threshold, self.seeds,
+                         self.views, self.cols[:, keep])
+
+    def with_prob(self, prob: np.ndarray, threshold: np.ndarray, name: str | None = None) -> SeedStack:
+        return SeedStack(name or self.name, self.trace_id, self.base_item, self.domain, self.model, self.condition,
+                         self.label, np.atleast_2d(prob), np.atleast_1d(threshold), self.seeds, self.views, self.cols)
+
+    def pair_rows(self, kind: str) -> PairRows:
+        """The verified pairs of one kind (``preserving`` / ``altering``) with both traces in the stack, as rows of
+        the stack, in pair order."""
+        v = self.views[0]
+        at = np.full(len(v), -1, dtype=np.int64)
+        at[self.cols[0]] = np.arange(self.cols.shape[1])
+        keep = (v.p_kind == kind) & (at[v.p_src] >= 0) & (at[v.p_dst] >= 0)
+        src, dst = v.p_src[keep], v.p_dst[keep]
+        return PairRows(at[src], at[dst], v.p_axis_name[keep].astype(str), v.p_items[keep].astype(str),
+                        v.p_ylab[0][keep], v.p_ylab[1][keep], v.trace_id[src].astype(str),
+                        v.trace_id[dst].astype(str))
 
 
 def seed_mean(values: Sequence[float | None]) -> float:

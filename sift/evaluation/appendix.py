@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from sift.errors import SiftError
 from sift.evaluation.appendix_common import TraceTable, mechanism_class
 from sift.evaluation.appendix_corpus import cot_scramble_test, mechanism_preservation_audit
 from sift.evaluation.appendix_detectors import (
@@ -45,6 +44,7 @@ from sift.evaluation.appendix_theory import (
     theorem_bound_audit,
 )
 from sift.report import Section
+from sift.report.analysis import Analysis, Registry
 
 log = logging.getLogger(__name__)
 
@@ -60,12 +60,28 @@ def one_job(cfg: Any, selective: Any) -> list[tuple[str | None, dict[str, Any]]]
 
 
 @dataclass(frozen=True)
-class AppendixAnalysis:
-    """One appendix analysis: ``function(**inputs, **options, n_resamples=, seed=, table=) -> Section``.
+class AppendixContext:
+    """What the appendix analyses read (:class:`sift.report.analysis.Context`): the ``inputs`` (module
+    docstring), the keyword arguments every analysis takes (``common``: ``n_resamples``, ``seed``) and per
+    analysis its own (``options[name]``). The aligned prediction table among the inputs is built once and shared
+    (every analysis reads its seed stacks and pair rows from it)."""
 
-    ``requires``: inputs that must be present (keyword names of ``function``); ``optional``: inputs used
-    when present; ``paper``: where it is in the paper; ``jobs``: its runs in the main job (:data:`JobsFn`; a
-    variant's section key is ``appendix_<name>_<variant>``).
+    inputs: Mapping[str, Any]
+    common: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def has(self, need: str) -> bool:
+        return self.inputs.get(need) is not None
+
+
+@dataclass(frozen=True)
+class AppendixAnalysis(Analysis):
+    """One appendix analysis (:class:`sift.report.analysis.Analysis` of an :class:`AppendixContext`):
+    ``function(**inputs, **options, n_resamples=, seed=, table=) -> Section``.
+
+    ``requires``: inputs that must be present (its ``needs``: keyword names of ``function``); ``optional``:
+    inputs used when present; ``paper``: where it is in the paper; ``jobs``: its runs in the main job
+    (:data:`JobsFn`; a variant's section key is ``appendix_<name>_<variant>``).
     """
 
     name: str
@@ -75,18 +91,26 @@ class AppendixAnalysis:
     paper: str
     jobs: JobsFn = one_job
 
+    @property
+    def needs(self) -> tuple[str, ...]:  # type: ignore[override]
+        return self.requires
 
-#: the registry, in report order
-APPENDIX_ANALYSES: list[AppendixAnalysis] = []
+    def build(self, ctx: AppendixContext) -> list[Section]:
+        kw = {k: ctx.inputs[k] for k in self.requires}
+        kw.update({k: ctx.inputs[k] for k in (*self.optional, "table") if ctx.inputs.get(k) is not None})
+        kw.update(ctx.common)
+        kw.update(ctx.options.get(self.name, {}))
+        return [self.function(**kw)]
+
+
+#: the registry, in report order (registration order)
+APPENDIX_ANALYSES: Registry[AppendixAnalysis] = Registry("appendix analysis")
 
 
 def register_analysis(analysis: AppendixAnalysis) -> AppendixAnalysis:
     """Add an appendix analysis (its ``name`` must be new); the main job runs it after the built-ins (a module
     that registers one is listed in ``report.section_modules``)."""
-    if any(a.name == analysis.name for a in APPENDIX_ANALYSES):
-        raise SiftError(f"appendix analysis {analysis.name!r} is registered twice")
-    APPENDIX_ANALYSES.append(analysis)
-    return analysis
+    return APPENDIX_ANALYSES.register(analysis)
 
 
 def _factorial_jobs(cfg: Any, selective: Any) -> list[tuple[str | None, dict[str, Any]]]:
@@ -142,21 +166,15 @@ def run_appendix(
     analysis takes (``n_resamples``, ``seed``). An analysis whose
     inputs are missing is skipped with a log line; one that fails raises (the caller decides).
     """
-    options = options or {}
-    common = dict(common or {})
-    out = []
+    ctx = AppendixContext(inputs, dict(common or {}), dict(options or {}))
+    out: list[Section] = []
     for a in APPENDIX_ANALYSES:
         if names is not None and a.name not in names:
             continue
-        missing = [r for r in a.requires if inputs.get(r) is None]
-        if missing:
-            log.info("appendix %s skipped: missing %s", a.name, ", ".join(missing))
+        if not a.applies(ctx):
+            log.info("appendix %s skipped: missing %s", a.name, ", ".join(r for r in a.requires if not ctx.has(r)))
             continue
-        kw = {k: inputs[k] for k in a.requires}
-        kw.update({k: inputs[k] for k in (*a.optional, "table") if inputs.get(k) is not None})
-        kw.update(common)
-        kw.update(options.get(a.name, {}))
-        out.append(a.function(**kw))
+        out.extend(a.build(ctx))
     return out
 
 
@@ -164,6 +182,7 @@ __all__ = [
     "APPENDIX_ANALYSES",
     "ASSUMPTION_THRESHOLDS",
     "AppendixAnalysis",
+    "AppendixContext",
     "JobsFn",
     "COST_REGIMES",
     "PAIR_FEATURES",

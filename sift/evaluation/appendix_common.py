@@ -1,6 +1,6 @@
-"""Shared machinery of the appendix analyses: seed stacks and pair rows (views of the
-:class:`~sift.evaluation.engine.PredictionTable`), certified IVR/AS/MFS at an operating
-point, the joint trace+pair cluster bootstrap, corpus trace tables, and formatting.
+"""Shared machinery of the appendix analyses (their seed stacks and pair rows are
+:class:`~sift.evaluation.analysis.SeedStack` / ``PairRows``, stacked from the one run view ``RunData``): certified
+IVR/AS/MFS at an operating point, the joint trace+pair cluster bootstrap, corpus trace tables, and formatting.
 
 Conventions (docs/design.md §7): verdict 1 = faithful (prob ≥ frozen threshold); gate ρ = max(s, 1 − s); IVR over
 verified preserving pairs; AS = the verdict moves in the direction of the verified label change, over
@@ -22,88 +22,13 @@ from typing import Any
 import numpy as np
 
 from sift.errors import SiftError
+from sift.evaluation.analysis import PairRows, SeedStack
 from sift.evaluation.predictions import Predictions
 from sift.metrics.appendix_helpers import BootstrapMany
-from sift.metrics.operating import PairArrays
-from sift.metrics.selective import gate
 from sift.report import numbers
 
 #: the runs an appendix analysis reads: detector name → its seed runs (one Predictions per seed)
 Runs = Mapping[str, Sequence[Predictions]]
-
-# ----------------------------------------------------------------------------------------------- seed stacks
-
-
-@dataclass(eq=False)
-class SeedStack:
-    """The seeds of one detector aligned on common traces: ``prob``/``verdict``/``rho`` are [S, N]; ``rows`` are
-    the :class:`~sift.evaluation.engine.PredictionTable` rows of each seed's traces ([S, N]; built by
-    ``PredictionTable.stack``, whose ``pair_rows`` locates the stack's pairs through the first seed's rows)."""
-
-    name: str
-    trace_id: np.ndarray
-    base_item: np.ndarray
-    domain: np.ndarray
-    model: np.ndarray
-    condition: np.ndarray
-    label: np.ndarray
-    prob: np.ndarray
-    threshold: np.ndarray  # [S]
-    seeds: list
-    rows: np.ndarray  # [S, N]
-
-    @property
-    def verdict(self) -> np.ndarray:
-        return (self.prob >= self.threshold[:, None]).astype(int)
-
-    @property
-    def rho(self) -> np.ndarray:
-        return gate(self.prob)
-
-    @property
-    def n_seeds(self) -> int:
-        return self.prob.shape[0]
-
-    def index(self) -> dict[str, int]:
-        return {t: i for i, t in enumerate(self.trace_id.tolist())}
-
-    def with_prob(self, prob: np.ndarray, threshold: np.ndarray, name: str | None = None) -> SeedStack:
-        return SeedStack(name or self.name, self.trace_id, self.base_item, self.domain, self.model, self.condition,
-                         self.label, np.atleast_2d(prob), np.atleast_1d(threshold), self.seeds, self.rows)
-
-
-# ------------------------------------------------------------------------------------------------ pair rows
-
-
-@dataclass(eq=False)
-class PairRows:
-    """Pairs of one kind whose both traces a stack has, as row indices into the stack."""
-
-    src: np.ndarray
-    dst: np.ndarray
-    axis: np.ndarray
-    base_item: np.ndarray
-    phi_src: np.ndarray
-    phi_dst: np.ndarray
-    source_id: np.ndarray
-    shifted_id: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.src)
-
-    def subset(self, mask: np.ndarray) -> PairRows:
-        return PairRows(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
-
-    def arrays(self, rows: np.ndarray, labels: tuple[np.ndarray, np.ndarray] | None = None,
-               mask: np.ndarray | None = None) -> PairArrays:
-        """The pairs at ``rows`` for :func:`sift.metrics.operating.operating_metrics` (every preserving pair in one
-        pooled axis): ``labels`` (before, after; per pair) replace the verified labels (label noise; AS counts
-        the pairs whose labels differ), ``mask`` (per pair) keeps a subset."""
-        if mask is not None:
-            rows = rows[mask[rows]]
-        lb, la = (self.phi_src, self.phi_dst) if labels is None else labels
-        return PairArrays(self.src[rows], self.dst[rows], label_src=lb[rows], label_dst=la[rows])
-
 
 @dataclass(eq=False)
 class JointRows:

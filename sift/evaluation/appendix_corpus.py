@@ -172,7 +172,7 @@ def mechanism_preservation_audit(
         table = runs_table(runs, pairs)
     for name, preds in runs.items():
         st = table.stack(name, preds)
-        pr = table.pair_rows(st, "preserving")
+        pr = st.pair_rows("preserving")
         ok = np.array([s in idx and t in idx for s, t in zip(pr.source_id.tolist(), pr.shifted_id.tolist())], bool)
         pr = pr.subset(ok)
         if len(pr) == 0:

@@ -15,11 +15,10 @@ import numpy as np
 from scipy.stats import kendalltau
 
 from sift.errors import SiftError
-from sift.evaluation.analysis import ensemble_row, ensemble_threshold, match_calibration, seed_mean
+from sift.evaluation.analysis import SeedStack, ensemble_row, ensemble_threshold, match_calibration, seed_mean
 from sift.evaluation.appendix_common import (
     JointRows,
     Runs,
-    SeedStack,
     TraceTable,
     ci,
     error_bars,
@@ -55,8 +54,7 @@ def _common_traces(stacks: list[SeedStack]) -> list[SeedStack]:
     for s in stacks:
         idx = s.index()
         rows = np.array([idx[t] for t in ref], int)
-        out.append(SeedStack(s.name, s.trace_id[rows], s.base_item[rows], s.domain[rows], s.model[rows],
-                             s.condition[rows], s.label[rows], s.prob[:, rows], s.threshold, s.seeds, s.rows[:, rows]))
+        out.append(s.subset(rows))
     return out
 
 
@@ -124,7 +122,7 @@ def factorial_decomposition(
     aligned = _common_traces(stacks + ens_stacks)
     stacks, ens_stacks = aligned[:4], aligned[4:]
     ref = stacks[0]
-    pres, alt = table.pair_rows(ref, "preserving"), table.pair_rows(ref, "altering")
+    pres, alt = ref.pair_rows("preserving"), ref.pair_rows("altering")
     joint = JointRows.of(ref, pres, alt)
     point = OperatingPoint.full() if coverage is None else OperatingPoint.at_coverage(coverage)
 
@@ -273,7 +271,7 @@ def stability_sensitivity(
         rows = []
         for name, preds in runs.items():
             st = table.stack(name, preds)
-            pres, alt = table.pair_rows(st, "preserving"), table.pair_rows(st, "altering")
+            pres, alt = st.pair_rows("preserving"), st.pair_rows("altering")
             joint = JointRows.of(st, pres, alt)
             v, r = st.verdict, st.rho
 
@@ -410,7 +408,7 @@ def label_noise_sensitivity(
         table = runs_table(runs, pairs)
     stacks = _common_traces([table.stack(n, runs[n]) for n in names])
     ref = stacks[0]
-    pres, alt = table.pair_rows(ref, "preserving"), table.pair_rows(ref, "altering")
+    pres, alt = ref.pair_rows("preserving"), ref.pair_rows("altering")
     joint = JointRows.of(ref, pres, alt)
     y = ref.label.astype(int)
     k = len(_NOISE_METRICS)

@@ -142,7 +142,7 @@ def theorem_bound_audit(
         table = runs_table(runs, pairs)
     for name, preds in runs.items():
         st = table.stack(name, preds)
-        pres = table.pair_rows(st, "preserving")
+        pres = st.pair_rows("preserving")
         res[name] = {}
         for feat in features:
             s = _trace_feature(traces, feat, st.trace_id, extra_features)
@@ -320,7 +320,7 @@ def spurious_feature_correlations(
         table = runs_table(runs, pairs)
     for name, preds in runs.items():
         st = table.stack(name, preds)
-        pres = table.pair_rows(st, "preserving")
+        pres = st.pair_rows("preserving")
         todo = [(s, t) for s, t in zip(pres.source_id.tolist(), pres.shifted_id.tolist()) if (s, t) not in cache]
         if todo:
             f = pair_features(traces, [s for s, _ in todo], [t for _, t in todo], extra_features)

@@ -19,8 +19,7 @@ from typing import Any
 import numpy as np
 
 from sift.errors import SiftError
-from sift.evaluation.analysis import CALIB_SPLIT, RunData
-from sift.evaluation.appendix_common import PairRows, SeedStack
+from sift.evaluation.analysis import CALIB_SPLIT, RunData, SeedStack
 from sift.evaluation.predictions import Pairs, Predictions
 from sift.metrics.selective import SelectiveConfig
 
@@ -224,7 +223,8 @@ class PredictionTable:
                 raise SiftError("PredictionTable.run_data: a trace subset cannot keep its pairs")
             rows = rows[np.asarray(keep, bool)]
         rd = RunData(self.runs[i], list(axes), self.trace_id[rows], self.item[rows], self.label[rows],
-                     self.prob[rows], self.verdict[rows], self.confidence[rows])
+                     self.prob[rows], self.verdict[rows], self.confidence[rows], rows=rows, domain=self.domain[rows],
+                     model=self.model[rows], condition=self.condition[rows])
         if paired:
             pr = self.pairs_of(i, pairs)
             offset = int(self.start[i])
@@ -233,41 +233,10 @@ class PredictionTable:
         return rd
 
     def stack(self, name: str, runs: Predictions | Sequence[Predictions]) -> SeedStack:
-        """The seed runs of one detector aligned on the traces all of them cover (the first run's order)."""
+        """The seed runs of one detector as one :class:`SeedStack` of their :meth:`run_data` views, aligned on the
+        traces all of them cover (the first run's order; its view carries the pairs)."""
         runs = [runs] if isinstance(runs, Predictions) else list(runs)
-        if not runs:
-            raise SiftError(f"{name}: no predictions")
-        ref = self.run_rows(runs[0])
-        common = set(self.trace_id[ref].tolist())
-        for r in runs[1:]:
-            common &= set(self.trace_id[self.run_rows(r)].tolist())
-        ref = ref[np.array([t in common for t in self.trace_id[ref].tolist()], bool)]
-        if not ref.size:
-            raise SiftError(f"{name}: the seeds share no trace")
-        tid = self.trace_id[ref]
-        rows = []
-        for r in runs:
-            own = self.run_rows(r)
-            where = {t: k for k, t in enumerate(self.trace_id[own].tolist())}
-            rr = own[np.array([where[t] for t in tid.tolist()], int)]
-            if not np.array_equal(self.label[rr], self.label[ref]):
-                raise SiftError(f"{name}: seeds {runs[0].seed} and {r.seed} disagree on verified labels")
-            rows.append(rr)
-        rows_ = np.array(rows)
-        return SeedStack(name, tid, self.item[ref], self.domain[ref], self.model[ref], self.condition[ref],
-                         self.label[ref], self.prob[rows_], np.array([r.threshold for r in runs], float),
-                         [r.seed for r in runs], rows_)
-
-    def pair_rows(self, stack: SeedStack, kind: str) -> PairRows:
-        """The verified pairs of one kind with both traces in ``stack``, as row indices into the stack."""
-        pr = self.pairs_of(int(self.run[stack.rows[0, 0]]))
-        at = np.full(len(self), -1, dtype=np.int64)
-        at[stack.rows[0]] = np.arange(stack.rows.shape[1])
-        keep = (pr["kind"] == kind) & (at[pr["src"]] >= 0) & (at[pr["dst"]] >= 0)
-        src, dst = pr["src"][keep], pr["dst"][keep]
-        return PairRows(at[src], at[dst], pr["axis"][keep].astype(str), pr["item"][keep].astype(str),
-                        pr["phi_src"][keep], pr["phi_dst"][keep], self.trace_id[src].astype(str),
-                        self.trace_id[dst].astype(str))
+        return SeedStack.of(name, [self.run_data(r, paired=k == 0) for k, r in enumerate(runs)])
 
 
 def runs_table(runs: Mapping[str, Predictions | Sequence[Predictions]], pairs: Pairs | None = None,
@@ -294,6 +263,10 @@ class ReportContext:
     out_dir: Path
     options: ReportOptions = field(default_factory=ReportOptions)
     aligned: PredictionTable | None = None
+
+    def has(self, need: str) -> bool:
+        """Whether the context's ``need`` (one of a section's ``needs``: an attribute) is non-empty."""
+        return bool(getattr(self, need))
 
     @cached_property
     def table(self) -> PredictionTable:

@@ -285,12 +285,17 @@ def appendix_jobs(cfg: DictConfig) -> dict[str, tuple[str, dict, str | None]]:
     return jobs
 
 
+def _report_modules(cfg: DictConfig) -> tuple[str, ...]:
+    """The modules that register extra report sections and appendix analyses (``report.section_modules``)."""
+    report = cfg.get("report") or {}
+    return tuple(str(m) for m in (report.get("section_modules") or ()))
+
+
 def _import_report_modules(cfg: DictConfig) -> tuple[str, ...]:
-    """Import the modules that register extra report sections and appendix analyses (``report.section_modules``)."""
+    """Import :func:`_report_modules` (their analyses register); returns their names."""
     import importlib
 
-    report = cfg.get("report") or {}
-    modules = tuple(str(m) for m in (report.get("section_modules") or ()))
+    modules = _report_modules(cfg)
     for m in modules:
         importlib.import_module(m)
     return modules
@@ -307,8 +312,8 @@ def appendix_sections(cfg: DictConfig, inputs: dict, cache_dir: Path | None = No
     from sift.workers import process_pool
 
     common = {"n_resamples": int(cfg.bootstrap.appendix_resamples), "seed": int(cfg.bootstrap.seed)}
-    jobs = appendix_jobs(cfg)
-    modules = _import_report_modules(cfg)
+    jobs = appendix_jobs(cfg)  # imports the report modules here
+    modules = _report_modules(cfg)  # ... and in each spawned worker
     caches = {n: _section_cache(cache_dir, n, key) for n in jobs}
     if int(cfg.workers) <= 1:
         return [_appendix_one(a, inputs, common, o, caches[n], k) for n, (a, o, k) in jobs.items()]

@@ -56,7 +56,7 @@ def plugin(tmp_path, monkeypatch):
     (tmp_path / "brier_section.py").write_text(textwrap.dedent(PLUGIN))
     monkeypatch.syspath_prepend(str(tmp_path))
     registry.registered_sections()  # the built-ins register on import: import them before taking the snapshot
-    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
+    monkeypatch.setattr(registry, "SECTIONS", registry.SECTIONS.copy())
     yield "brier_section"
     sys.modules.pop("brier_section", None)
 
@@ -82,7 +82,7 @@ def test_without_the_plugin_the_report_is_unchanged(tmp_path):
 
 def test_a_section_name_is_registered_once(monkeypatch):
     registry.registered_sections()
-    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
+    monkeypatch.setattr(registry, "SECTIONS", registry.SECTIONS.copy())
 
     class Again(registry.ReportSection):
         name = "main_table"

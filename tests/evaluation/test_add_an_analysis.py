@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from sift.evaluation import appendix
+from sift.report.analysis import Registry
 
 MODULE = textwrap.dedent('''
     from sift.evaluation.appendix import AppendixAnalysis, register_analysis
@@ -37,7 +38,8 @@ def test_a_registered_analysis_runs_in_the_main_jobs_appendix(tmp_path, monkeypa
     mod = f"sift_test_seed_count_{workers}"
     (tmp_path / f"{mod}.py").write_text(MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))  # spawned workers start with the parent's sys.path
-    monkeypatch.setattr(appendix, "APPENDIX_ANALYSES", [])  # only the new analysis in this process
+    # only the new analysis in this process
+    monkeypatch.setattr(appendix, "APPENDIX_ANALYSES", Registry("appendix analysis"))
     try:
         cfg = OmegaConf.create({"workers": workers, "bootstrap": {"appendix_resamples": 7, "seed": 0},
                                 "sgr": {"alpha": 0.25, "delta": 0.05}, "detectors": ["sift"],
@@ -52,7 +54,9 @@ def test_a_registered_analysis_runs_in_the_main_jobs_appendix(tmp_path, monkeypa
         assert secs[0].results["seeds"] == {"a": 2, "b": 1} and secs[1].results["seeds"] == {"a": 4, "b": 2}
         assert secs[0].results["n_resamples"] == 7  # the job's appendix resamples reach every analysis
         assert secs[0].results["n_pairs"] == len(toy.pairs().axis)
-        with pytest.raises(SiftError, match="registered twice"):
-            appendix.register_analysis(appendix.APPENDIX_ANALYSES[0])
+        first = appendix.APPENDIX_ANALYSES["seed_count"]
+        appendix.register_analysis(first)  # the same definition again (a module imported twice): kept
+        with pytest.raises(SiftError, match="registered twice"):  # another definition under its name
+            appendix.register_analysis(appendix.AppendixAnalysis("seed_count", len, ("runs",), (), "nowhere"))
     finally:
         sys.modules.pop(mod, None)

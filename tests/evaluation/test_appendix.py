@@ -78,7 +78,7 @@ def test_operating_metrics_full_and_matched_coverage():
                   np.array(["b", "d", "d"]), np.array([1, 1, 1]), np.array([1, 1, 0]), np.array(["x", "y", "x"]))
     table = PredictionTable.of([p], pairs)
     st = table.stack("d", [p])
-    pres, alt = table.pair_rows(st, "preserving"), table.pair_rows(st, "altering")
+    pres, alt = st.pair_rows("preserving"), st.pair_rows("altering")
     it, ip, ia = JointRows.of(st, pres, alt).split(np.arange(4 + 2 + 1))
     v, r = st.verdict[0], st.rho[0]  # verdicts 1 1 1 0, ρ .95 .9 .6 .7
     pp, pa = pres.arrays(ip), alt.arrays(ia)

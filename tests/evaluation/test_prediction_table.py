@@ -1,4 +1,4 @@
-"""The aligned prediction table and its views (RunData for the tables, SeedStack/PairRows for the appendix)."""
+"""The aligned prediction table and its one run view (RunData; the appendix's SeedStack is stacked from it)."""
 
 import math
 
@@ -73,7 +73,7 @@ def test_stack_aligns_seeds_on_common_traces_and_pair_rows_index_it(two_seeds):
     assert st.trace_id.tolist() == ["a1", "a2", "b1", "b2"]  # the first seed's order; c1 is only in seed 1
     np.testing.assert_array_equal(st.prob, [[0.9, 0.8, 0.3, 0.6], [0.95, 0.2, 0.1, 0.7]])
     assert st.rows.tolist() == [[0, 1, 2, 3], [6, 5, 7, 4]] and st.seeds == [0, 1]
-    pres, alt = t.pair_rows(st, "preserving"), t.pair_rows(st, "altering")
+    pres, alt = st.pair_rows("preserving"), st.pair_rows("altering")
     assert (pres.src.tolist(), pres.dst.tolist(), pres.source_id.tolist()) == ([0], [1], ["a1"])
     assert (alt.src.tolist(), alt.dst.tolist(), alt.phi_src.tolist(), alt.phi_dst.tolist()) == ([2], [3], [0], [1])
     assert not math.isnan(st.verdict.mean())

@@ -108,7 +108,7 @@ def test_ivr_as_mfs_kernels_feed_every_caller(monkeypatch):
     run = toy.predictions(0)
     table = PredictionTable.of([run], toy.pairs())
     stack = table.stack("toy", [run])
-    pres, alt = table.pair_rows(stack, "preserving"), table.pair_rows(stack, "altering")
+    pres, alt = stack.pair_rows("preserving"), stack.pair_rows("altering")
     it, ip, ia = np.arange(len(stack.trace_id)), np.arange(len(pres)), np.arange(len(alt))
     r = stack.rho[0]
     assert operating_metrics(OperatingPoint.full(), r[it], stack.verdict[0], r, pres.arrays(ip),
