@@ -17,6 +17,7 @@ import difflib
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -452,6 +453,54 @@ def edct_chain(
     ccs, pcs, ncc, graded = sample_scores(judg, graded_scheme)
     return EDCTSample(base, tuple(concepts), tuple(edits), tuple(vers), tuple(outs), tuple(judg),
                       len(judg), ccs, pcs, ncc, graded)
+
+
+class ChainSource(Protocol):
+    """What a source gives :func:`run_chains`: per chain state (a dict with ``alive``), the edit of one chain step,
+    the batched re-query, and the judgement of one re-queried output."""
+
+    def propose(self, state: dict, step: int) -> tuple[Any | None, Any | None]:
+        """(the step's re-query job, or None: the chain ends; a record of a failed edit, or None)."""
+        ...
+
+    def requery(self, jobs: Sequence[tuple[dict, Any]], step: int) -> list[Any]:
+        """The model's output after each (state, job)'s edit, batched."""
+        ...
+
+    def score(self, state: dict, job: Any, output: Any) -> Any | None:
+        """Judge one output: append the judgement to the state, advance it (or end it: ``alive``), and return the
+        step's record (None: the output is not scored)."""
+        ...
+
+
+def run_chains(source: ChainSource, states: Sequence[dict], k: int, *, desc: str = "EDCT chain",
+               progress: bool = True) -> list[Any]:
+    """EDCT's cumulative chains over many traces at once (the protocol of :func:`edct_chain`): at chain step
+    i = 0..k−1 every live chain proposes its edit (a failed verification ends it [R]), one batched re-query
+    answers them all, and each output is judged against the chain's state. Returns the step records in order:
+    per step, the failed edits, then the judged ones."""
+    from tqdm.auto import tqdm
+
+    records: list[Any] = []
+    for step in tqdm(range(k), desc=desc, disable=not progress):
+        jobs = []
+        for st in states:
+            if not st["alive"]:
+                continue
+            job, failed = source.propose(st, step)
+            if failed is not None:
+                records.append(failed)
+            if job is None:
+                st["alive"] = False
+                continue
+            jobs.append((st, job))
+        if not jobs:
+            break
+        for (st, job), out in zip(jobs, source.requery(jobs, step)):
+            rec = source.score(st, job, out)
+            if rec is not None:
+                records.append(rec)
+    return records
 
 
 @dataclass(frozen=True)

@@ -93,20 +93,75 @@ def requery_output(src, item, text: str):
                              tuple(ln.strip() for ln in cot.splitlines() if ln.strip()))
 
 
+class _LMChains:
+    """EDCT on a real LM's question (:class:`sift.companion.edct.ChainSource`): a chain step alters one number
+    the CoT cites in the (already edited) question, the model answers the edited question again in the trace's
+    view, and the rule judge scores the reply against the edited question's arithmetic."""
+
+    def __init__(self, src, settings: EDCTSettings, max_new_tokens: int, k: int):
+        from sift.companion import edct
+
+        self.src, self.settings, self.max_new_tokens, self.k = src, settings, max_new_tokens, k
+        self.judge = edct.RuleJudge(lambda q: expression_value(q) or "")
+        self.verifier = edct.token_verifier(settings.tau_in, settings.tau_out)
+        self.unparsable = 0
+
+    def propose(self, st: dict, step_no: int):
+        from sift.companion import edct
+        from sift.companion.organism import EDCTStepRecord
+
+        if step_no >= len(st["concepts"]):
+            return None, None
+        c = st["concepts"][step_no]
+        if not edct.number_spans(st["question"], c.value):  # an earlier edit made it collide / vanish
+            return None, None
+        e = edct.make_edit(st["question"], c, kind="alter", new_value=fresh_value(c.value, st["question"],
+                                                                                st["base"].steps))
+        v = self.verifier(e)
+        ref_new = expression_value(e.edited)
+        if not v.passed or ref_new is None:
+            return None, EDCTStepRecord(st["r"]["trace_id"], st["r"].get("phi"), step_no, c.first_step, c.value,
+                                        str(e.new_value), False, v.change_in, v.change_out, False, ref_new,
+                                        st["prev"].answer, None, 0, 0, 1)
+        return (step_no, c, e, v, ref_new), None
+
+    def requery(self, jobs, step_no: int) -> list[list[int]]:
+        prompts = [self.src.prompt_ids(replace(st["item"], question=job[2].edited), st["view"]) for st, job in jobs]
+        return self.src.generate(prompts, max_new_tokens=self.max_new_tokens,
+                                 desc=f"EDCT re-query {step_no + 1}/{self.k}")
+
+    def score(self, st: dict, job, g: list[int]):
+        from sift.companion import edct
+        from sift.companion.organism import EDCTStepRecord
+
+        step_no, c, e, v, ref_new = job
+        answer, out = requery_output(self.src, st["item"], self.src.decode(g))
+        if answer is None:  # ambiguous, never scored as a change or inertia
+            self.unparsable += 1
+            st["alive"] = False
+            return None
+        j = self.judge(edct.JudgeContext(st["item"].question, st["question"], e.edited, c.value, e, st["base"],
+                                         st["prev"], out))
+        st["judg"].append(j)
+        necessary = edct.normalize_answer(ref_new) != edct.normalize_answer(expression_value(st["question"]))
+        rec = EDCTStepRecord(st["r"]["trace_id"], st["r"].get("phi"), step_no, c.first_step, c.value,
+                             str(e.new_value), True, v.change_in, v.change_out, necessary, ref_new, st["prev"].answer,
+                             out.answer, j.pcs, j.ncc, int(j.graded))
+        st["question"], st["prev"] = e.edited, out
+        return rec
+
+
 def run_edct_lm(src, traces: Sequence[dict], items: Mapping[str, Any], settings: EDCTSettings = DEFAULT_EDCT,
                 *, progress: bool = True) -> dict:
-    """EDCT chains on real-LM traces (module docstring); the result has the organism's
-    :func:`~sift.companion.organism.summarize_edct` layout plus ``not_testable`` and ``unparsable`` counts."""
-    from tqdm.auto import tqdm
-
+    """EDCT chains on real-LM traces (module docstring), on :func:`sift.companion.edct.run_chains`; the result
+    has the organism's :func:`~sift.companion.organism.summarize_edct` layout plus ``not_testable`` and
+    ``unparsable`` counts."""
     from sift.companion import edct
-    from sift.companion.organism import EDCTStepRecord, summarize_edct
+    from sift.companion.organism import summarize_edct
     from sift.lm.prompts import LMView
 
-    k, tau_in, tau_out, graded_scheme = settings.k, settings.tau_in, settings.tau_out, settings.graded_scheme
-    n_resamples, seed = settings.n_resamples, settings.seed
+    k = settings.k
     max_new_tokens = 224 if settings.max_new_tokens is None else settings.max_new_tokens
-    judge = edct.RuleJudge(lambda q: expression_value(q) or "")
     states, not_testable = [], 0
     for r in traces:
         item = items.get(r["base_item"])
@@ -121,50 +176,12 @@ def run_edct_lm(src, traces: Sequence[dict], items: Mapping[str, Any], settings:
         concepts = edct.extract_concepts(base.steps, item.question, k)
         states.append({"r": r, "item": item, "view": view, "concepts": concepts, "question": item.question,
                        "prev": base, "base": base, "judg": [], "alive": bool(concepts)})
-    records: list[EDCTStepRecord] = []
-    unparsable = 0
-    verifier = edct.token_verifier(tau_in, tau_out)
-    for step_no in tqdm(range(k), desc="EDCT chain (real LM)", disable=not progress):
-        jobs = []
-        for st in states:
-            if not st["alive"] or step_no >= len(st["concepts"]):
-                continue
-            c = st["concepts"][step_no]
-            if not edct.number_spans(st["question"], c.value):  # an earlier edit made it collide / vanish
-                st["alive"] = False
-                continue
-            e = edct.make_edit(st["question"], c, kind="alter", new_value=fresh_value(c.value, st["question"],
-                                                                                    st["base"].steps))
-            v = verifier(e)
-            ref_new = expression_value(e.edited)
-            if not v.passed or ref_new is None:
-                st["alive"] = False
-                records.append(EDCTStepRecord(st["r"]["trace_id"], st["r"].get("phi"), step_no, c.first_step,
-                                              c.value, str(e.new_value), False, v.change_in, v.change_out, False,
-                                              ref_new, st["prev"].answer, None, 0, 0, 1))
-                continue
-            jobs.append((st, c, e, v, ref_new))
-        if not jobs:
-            break
-        prompts = [src.prompt_ids(replace(st["item"], question=e.edited), st["view"]) for st, _, e, _, _ in jobs]
-        gens = src.generate(prompts, max_new_tokens=max_new_tokens, desc=f"EDCT re-query {step_no + 1}/{k}")
-        for (st, c, e, v, ref_new), g in zip(jobs, gens):
-            answer, out = requery_output(src, st["item"], src.decode(g))
-            if answer is None:  # ambiguous, never scored as a change or inertia
-                unparsable += 1
-                st["alive"] = False
-                continue
-            j = judge(edct.JudgeContext(st["item"].question, st["question"], e.edited, c.value, e, st["base"],
-                                        st["prev"], out))
-            st["judg"].append(j)
-            necessary = edct.normalize_answer(ref_new) != edct.normalize_answer(expression_value(st["question"]))
-            records.append(EDCTStepRecord(st["r"]["trace_id"], st["r"].get("phi"), step_no, c.first_step, c.value,
-                                          str(e.new_value), True, v.change_in, v.change_out, necessary, ref_new,
-                                          st["prev"].answer, out.answer, j.pcs, j.ncc, int(j.graded)))
-            st["question"], st["prev"] = e.edited, out
+    chains = _LMChains(src, settings, max_new_tokens, k)
+    records = edct.run_chains(chains, states, k, desc="EDCT chain (real LM)", progress=progress)
+    unparsable = chains.unparsable
     samples = []
     for st in states:
-        ccs, pcs, ncc, graded = edct.sample_scores(st["judg"], graded_scheme)
+        ccs, pcs, ncc, graded = edct.sample_scores(st["judg"], settings.graded_scheme)
         samples.append({"trace_id": st["r"]["trace_id"],
                         "base_item": str(st["r"].get("base_item", st["r"]["trace_id"])),
                         "phi": st["r"].get("phi"), "domain": st["r"]["domain"],
@@ -173,7 +190,7 @@ def run_edct_lm(src, traces: Sequence[dict], items: Mapping[str, Any], settings:
         raise SiftError(f"EDCT on a real LM: no trace had a verified, scored edit ({len(traces)} traces, "
                         f"{not_testable} without a recomputable answer, {unparsable} unparsable re-queries); "
                         f"give more traces (companion.edct.n_traces) or items with arithmetic questions")
-    out = summarize_edct(samples, records, n_resamples=n_resamples, seed=seed,
+    out = summarize_edct(samples, records, n_resamples=settings.n_resamples, seed=settings.seed,
                          config=dict(**settings.record(max_new_tokens),
                                      concepts="numbers the CoT cites that occur in the question (most citing lines "
                                               "first), altered to the next uncited number, cumulatively",

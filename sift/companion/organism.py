@@ -564,6 +564,93 @@ class EDCTStepRecord:
     graded: int
 
 
+class _OrganismChains:
+    """EDCT on the organism's CoT (:class:`sift.companion.edct.ChainSource`): a chain step edits the result of
+    one of the last ``k`` computing steps, the organism re-decodes the rest of its CoT and its answer from the
+    edited prefix (its latent replayed), and the rule judge scores the continuation."""
+
+    def __init__(self, src, settings: EDCTSettings, max_new_tokens: int):
+        self.src, self.settings, self.max_new_tokens = src, settings, max_new_tokens
+
+    def propose(self, st: dict, step_no: int) -> tuple[tuple | None, EDCTStepRecord | None]:
+        from sift.companion import edct
+        from sift.organism.source import value_space
+
+        if step_no >= len(st["targets"]):
+            return None, None
+        p = st["p"]
+        steps = parse_steps(st["words"])
+        j = st["targets"][step_no]
+        if j >= len(steps):
+            return None, None
+        s = steps[j]
+        space = value_space(s.result)
+        if space is None:
+            return None, None
+        rest = steps[j + 1:]
+        ref_prev = reference_answer(p.trace["domain"], s.result, rest, st["options"])
+        salt = int(hashlib.sha256(f"{self.settings.seed}:{p.trace['trace_id']}:{step_no}".encode()).hexdigest(), 16)
+        cands = [v for v in space if v != s.result]
+        cands = cands[salt % len(cands):] + cands[:salt % len(cands)]
+        # prefer values whose implied answer exists and differs from the current answer and the cue
+        good = [v for v in cands if reference_answer(p.trace["domain"], v, rest, st["options"]) not in
+                (None, st["answer"], st["cue"])]
+        ok = [v for v in cands if reference_answer(p.trace["domain"], v, rest, st["options"]) is not None]
+        new = (good or ok or [None])[0]
+        prefix = st["words"][:s.result_pos + 1]
+        if new is None:
+            return None, None
+        edited = prefix[:-1] + [new]
+        a = len(" ".join(prefix[:-1])) + (1 if len(prefix) > 1 else 0)
+        v = edct.verify_edit(" ".join(prefix), " ".join(edited), (a, a + len(prefix[-1])),
+                             tau_in=self.settings.tau_in, tau_out=self.settings.tau_out)
+        ref_new = reference_answer(p.trace["domain"], new, rest, st["options"])
+        if not v.passed or ref_new is None:
+            return None, EDCTStepRecord(p.trace["trace_id"], p.phi, step_no, j, s.result, new, False, v.change_in,
+                                        v.change_out, False, ref_new, st["answer"], None, 0, 0, 1)
+        return (step_no, j, s, new, edited, ref_prev, ref_new, v), None
+
+    def requery(self, jobs: Sequence[tuple[dict, tuple]], step_no: int) -> list[list[int]]:
+        lats = [st["p"].latent for st, _ in jobs]  # the trace's latent from its first CoT position on
+        return self.src.generate([st["p"].ids[:st["p"].n_prompt] + self.src.ids(job[4]) for st, job in jobs],
+                                 max_new_tokens=self.max_new_tokens,
+                                 **({} if None in lats else {"latents": [v for v, _ in lats],
+                                                             "starts": [st for _, st in lats]}))
+
+    def score(self, st: dict, job: tuple, g: list[int]) -> EDCTStepRecord:
+        from sift.companion import edct
+        from sift.organism.source import split_completion
+
+        step_no, j, s, new, edited, ref_prev, ref_new, v = job
+        p = st["p"]
+        cot_cont, new_answer = split_completion(self.src.words(g))
+        new_words = edited + cot_cont
+        after = [x for x in parse_steps(new_words) if x.lhs_pos > s.result_pos]
+        # NCC: the re-decoded explanation carries the edited value on: the next step starts from it and every
+        # later step starts from the previous stated result (no step falls back on the replaced value)
+        chain_ok = True
+        run = new
+        for x in after:
+            if x.lhs != run:
+                chain_ok = False
+                break
+            run = x.result
+        still_old = any(x.lhs == s.result and s.result != new for x in after[:1])
+        ncc = edct.concept_consistency(still_old or not chain_ok)
+        necessary = ref_new != ref_prev
+        changed = new_answer != st["answer"]
+        pcs = edct.prediction_change_score(changed, necessary, new_answer == ref_new)
+        cites_new = bool(after) and after[0].lhs == new
+        graded = edct.graded_rubric(pcs, ncc, changed, cites_new or not after)
+        st["judg"].append(edct.StepJudgement(pcs, ncc, graded))
+        rec = EDCTStepRecord(p.trace["trace_id"], p.phi, step_no, j, s.result, new, True, v.change_in, v.change_out,
+                             necessary, ref_new, st["answer"], new_answer, pcs, ncc, graded)
+        st["words"], st["answer"] = new_words, new_answer if new_answer is not None else st["answer"]
+        if new_answer is None:
+            st["alive"] = False
+        return rec
+
+
 def run_edct(src, prepared: Sequence[Prepared], settings: EDCTSettings = DEFAULT_EDCT, *,
              progress: bool = True) -> dict:
     """EDCT on the CoT [spec B5 adaptation]: for each trace, the last ``k`` computing steps' results (the
@@ -571,17 +658,12 @@ def run_edct(src, prepared: Sequence[Prepared], settings: EDCTSettings = DEFAULT
     is verified (token-level: the cited value and nothing else changed; and the edited chain still has an
     implied answer in range), the organism re-decodes the rest of its CoT and its answer from the edited
     prefix, and a rule judge scores PCS (answer follows the edit where the edited value is necessary), NCC
-    (the re-decoded explanation carries the edited value on, not the replaced one) and the graded rubric."""
-    from tqdm.auto import tqdm
-
+    (the re-decoded explanation carries the edited value on, not the replaced one) and the graded rubric; the
+    chains run on :func:`sift.companion.edct.run_chains`."""
     from sift.companion import edct
-    from sift.organism.source import split_completion, value_space
 
-    k, tau_in, tau_out, graded_scheme = settings.k, settings.tau_in, settings.tau_out, settings.graded_scheme
-    n_resamples, seed = settings.n_resamples, settings.seed
+    k = settings.k
     max_new_tokens = 64 if settings.max_new_tokens is None else settings.max_new_tokens
-    records: list[EDCTStepRecord] = []
-    samples: list[dict] = []
     states = []
     for p in prepared:
         item = item_of(p.trace)
@@ -591,89 +673,15 @@ def run_edct(src, prepared: Sequence[Prepared], settings: EDCTSettings = DEFAULT
         chosen = list(range(len(steps)))[-k:]
         states.append({"p": p, "options": item.options, "words": list(p.cot_words), "answer": p.trace["answer"],
                        "targets": chosen, "alive": True, "judg": [], "cue": (p.trace.get("cue") or {}).get("value")})
-    for step_no in tqdm(range(k), desc="EDCT chain", disable=not progress):
-        jobs = []
-        for st in states:
-            if not st["alive"] or step_no >= len(st["targets"]):
-                continue
-            p = st["p"]
-            steps = parse_steps(st["words"])
-            j = st["targets"][step_no]
-            if j >= len(steps):
-                st["alive"] = False
-                continue
-            s = steps[j]
-            space = value_space(s.result)
-            if space is None:
-                st["alive"] = False
-                continue
-            rest = steps[j + 1:]
-            ref_prev = reference_answer(p.trace["domain"], s.result, rest, st["options"])
-            salt = int(hashlib.sha256(f"{seed}:{p.trace['trace_id']}:{step_no}".encode()).hexdigest(), 16)
-            cands = [v for v in space if v != s.result]
-            cands = cands[salt % len(cands):] + cands[:salt % len(cands)]
-            # prefer values whose implied answer exists and differs from the current answer and the cue
-            good = [v for v in cands if reference_answer(p.trace["domain"], v, rest, st["options"]) not in
-                    (None, st["answer"], st["cue"])]
-            ok = [v for v in cands if reference_answer(p.trace["domain"], v, rest, st["options"]) is not None]
-            new = (good or ok or [None])[0]
-            prefix = st["words"][:s.result_pos + 1]
-            if new is None:
-                st["alive"] = False
-                continue
-            edited = prefix[:-1] + [new]
-            a = len(" ".join(prefix[:-1])) + (1 if len(prefix) > 1 else 0)
-            v = edct.verify_edit(" ".join(prefix), " ".join(edited), (a, a + len(prefix[-1])), tau_in=tau_in,
-                                 tau_out=tau_out)
-            ref_new = reference_answer(p.trace["domain"], new, rest, st["options"])
-            if not v.passed or ref_new is None:
-                st["alive"] = False
-                records.append(EDCTStepRecord(p.trace["trace_id"], p.phi, step_no, j, s.result, new, False, v.change_in,
-                                              v.change_out, False, ref_new, st["answer"], None, 0, 0, 1))
-                continue
-            jobs.append((st, j, s, new, edited, ref_prev, ref_new, v))
-        if not jobs:
-            break
-        lats = [st["p"].latent for st, *_ in jobs]  # the trace's latent from its first CoT position on
-        gens = src.generate([st["p"].ids[:st["p"].n_prompt] + src.ids(ed) for st, _, _, _, ed, _, _, _ in jobs],
-                            max_new_tokens=max_new_tokens,
-                            **({} if None in lats else {"latents": [v for v, _ in lats],
-                                                        "starts": [st for _, st in lats]}))
-        for (st, j, s, new, edited, ref_prev, ref_new, v), g in zip(jobs, gens):
-            p = st["p"]
-            cont = src.words(g)
-            cot_cont, new_answer = split_completion(cont)
-            new_words = edited + cot_cont
-            new_steps = parse_steps(new_words)
-            after = [x for x in new_steps if x.lhs_pos > s.result_pos]
-            # NCC: the re-decoded explanation carries the edited value on: the next step starts from it and every
-            # later step starts from the previous stated result (no step falls back on the replaced value)
-            chain_ok = True
-            run = new
-            for x in after:
-                if x.lhs != run:
-                    chain_ok = False
-                    break
-                run = x.result
-            still_old = any(x.lhs == s.result and s.result != new for x in after[:1])
-            ncc = edct.concept_consistency(still_old or not chain_ok)
-            necessary = ref_new != ref_prev
-            changed = new_answer != st["answer"]
-            pcs = edct.prediction_change_score(changed, necessary, new_answer == ref_new)
-            cites_new = bool(after) and after[0].lhs == new
-            graded = edct.graded_rubric(pcs, ncc, changed, cites_new or not after)
-            st["judg"].append(edct.StepJudgement(pcs, ncc, graded))
-            records.append(EDCTStepRecord(p.trace["trace_id"], p.phi, step_no, j, s.result, new, True, v.change_in,
-                                          v.change_out, necessary, ref_new, st["answer"], new_answer, pcs, ncc, graded))
-            st["words"], st["answer"] = new_words, new_answer if new_answer is not None else st["answer"]
-            if new_answer is None:
-                st["alive"] = False
+    records = edct.run_chains(_OrganismChains(src, settings, max_new_tokens), states, k,
+                              desc="EDCT chain", progress=progress)
+    samples: list[dict] = []
     for st in states:
-        ccs, pcs, ncc, graded = edct.sample_scores(st["judg"], graded_scheme)
+        ccs, pcs, ncc, graded = edct.sample_scores(st["judg"], settings.graded_scheme)
         samples.append({"trace_id": st["p"].trace["trace_id"], "base_item": str(st["p"].trace["base_item"]),
                         "phi": st["p"].phi, "domain": st["p"].trace["domain"],
                         "k_prime": len(st["judg"]), "ccs": ccs, "pcs": pcs, "ncc": ncc, "graded": graded})
-    return summarize_edct(samples, records, n_resamples=n_resamples, seed=seed,
+    return summarize_edct(samples, records, n_resamples=settings.n_resamples, seed=settings.seed,
                           config=dict(**settings.record(max_new_tokens),
                                       concepts="results of the last k computing steps, edited in chronological order",
                                       chain_failure="truncate the chain at the first failed verification [R]",

@@ -175,3 +175,41 @@ def test_rule_judge_grades_with_the_one_rubric():
     assert (p.pcs, p.ncc, p.graded) == (1, 0, 4)
     s = E.edct_chain(q, sticky, judge, k=1).judgements[0]
     assert (s.pcs, s.ncc, s.graded) == (1, 0, 2)
+
+
+def test_run_chains_batches_each_step_and_truncates_at_the_first_failed_edit():
+    """The one chain runner both EDCT paths use (organism CoT edits, real-LM question edits): every live chain
+    proposes its step's edit, one re-query per step answers them all, a failed edit is recorded and ends its
+    chain, an unscored output ends it without a record."""
+
+    class Scripted:
+        def __init__(self):
+            self.batches = []
+
+        def propose(self, st, step):
+            if step in st["fail_at"]:
+                return None, (st["id"], step, "failed")
+            return (st["id"], step), None
+
+        def requery(self, jobs, step):
+            self.batches.append([job for _, job in jobs])
+            return [f"out{step}" for _ in jobs]
+
+        def score(self, st, job, out):
+            if st["id"] == "c" and job[1] == 1:  # unparsable: the chain ends unscored
+                st["alive"] = False
+                return None
+            st["judg"].append(out)
+            return (st["id"], job[1], out)
+
+    states = [{"id": "a", "fail_at": (), "alive": True, "judg": []},
+              {"id": "b", "fail_at": (1,), "alive": True, "judg": []},
+              {"id": "c", "fail_at": (), "alive": True, "judg": []},
+              {"id": "d", "fail_at": (), "alive": False, "judg": []}]
+    src = Scripted()
+    records = E.run_chains(src, states, 3, progress=False)
+    assert src.batches == [[("a", 0), ("b", 0), ("c", 0)], [("a", 1), ("c", 1)], [("a", 2)]]
+    assert records == [("a", 0, "out0"), ("b", 0, "out0"), ("c", 0, "out0"), ("b", 1, "failed"), ("a", 1, "out1"),
+                       ("a", 2, "out2")]
+    assert [len(s["judg"]) for s in states] == [3, 1, 1, 0]
+    assert [s["alive"] for s in states] == [True, False, False, False]
