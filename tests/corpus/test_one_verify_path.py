@@ -23,6 +23,7 @@ class ToyView:
 
 @dataclass(frozen=True)
 class ToyItem:
+    item_id: str = "i"
     answer_space: tuple = tuple(str(v) for v in range(10))
 
 
@@ -94,9 +95,10 @@ class ToyVerifier:
         return len(cot_ids) - 1 if len(cot_ids) >= 2 else None
 
 
-def _record(mode, cue=None, cot=(3, 4, 7), answer="7"):
+def _record(mode, cue=None, cot=(3, 4, 7), answer="7", item="i", condition="base"):
     prompt = [49] if cue is None else [50 + int(cue)]
-    return {"trace_id": mode, "base_item": "i", "mode": mode, "prompt_ids": prompt,
+    return {"trace_id": f"{item}|{condition}", "base_item": item, "condition": condition, "mode": mode,
+            "prompt_ids": prompt,
             "generated_ids": list(cot) + [ANSWER, int(answer)], "cot_span": [0, len(cot)], "answer": answer,
             "cue": None if cue is None else {"value": cue}}
 
@@ -148,3 +150,52 @@ def test_the_shipped_sources_implement_the_whole_interface(cls):
         want = list(inspect.signature(member).parameters)
         got = list(inspect.signature(getattr(cls, name)).parameters)
         assert len(got) == len(want), f"{cls.__name__}.{name}{got} vs {want}"
+
+
+class ToyChunk:
+    """A chunk source on the toy model: item ``r*`` reads its CoT, ``n*`` ignores it; the altering axis
+    cue_injection applies to bases labelled 1 (verified, or intended = the mode when ``labels_first`` is off)."""
+
+    def __init__(self, labels_first):
+        self.verifier, self.labels_first, self.seen = ToyVerifier(), labels_first, []
+
+    def phase1_jobs(self, items, conditions):
+        return [(it, ToyView(), "base") for it in items]
+
+    def view_of(self, job):
+        return job[1]
+
+    def generate(self, jobs, desc):
+        return [_record("reads" if it.item_id.startswith("r") else "ignores", item=it.item_id, condition=c)
+                for it, _, c in jobs]
+
+    def bases(self, records, views, items):
+        return [(r, items[k], v) for k, (r, v) in enumerate(zip(records, views))]
+
+    def altering_view(self, condition, base, item, view):
+        label = base["phi"] if self.labels_first else int(base["mode"] == "reads")
+        self.seen.append((condition, item.item_id, "phi" in base))
+        return view if label == 1 else None
+
+    def altering_job(self, condition, base, item, view):
+        return item, view, condition
+
+    def truncation_record(self, base, item, view, new_ids):
+        r = _record(base["mode"], item=item.item_id, condition="causal_truncation")
+        r["generated_ids"], r["cot_span"] = new_ids, [0, len(new_ids) - 2]
+        return r
+
+
+@pytest.mark.parametrize("labels_first", [True, False])
+def test_one_chunk_builder_alters_verified_or_intended_bases_and_verifies_everything(labels_first):
+    from sift.corpus.chunk import build_chunk
+
+    cs = ToyChunk(labels_first)
+    items = [ToyItem("r1"), ToyItem("n1"), ToyItem("r2")]
+    recs = build_chunk(cs, items, ["base", "cue_injection", "causal_truncation"])
+    assert [r["trace_id"] for r in recs] == ["r1|base", "n1|base", "r2|base", "r1|cue_injection",
+                                             "r2|cue_injection", "r1|causal_truncation", "r2|causal_truncation"]
+    assert all("phi" in r for r in recs) and [r["phi"] for r in recs[:3]] == [1, 0, 1]
+    assert recs[-1]["generated_ids"] == [3, 4, ANSWER, 4]  # cut before the last step, the answer re-decoded
+    # the altering axes read the bases' verified labels only where labels come first
+    assert {seen for *_, seen in cs.seen} == {labels_first}

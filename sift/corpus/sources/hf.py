@@ -48,6 +48,7 @@ from tqdm import tqdm
 
 from sift import __version__
 from sift.corpus.axes import AXES, generated_axes
+from sift.corpus.chunk import TRUNCATION, build_chunk
 from sift.corpus.config import HFCorpusConfig
 from sift.corpus.manifest import build_manifest
 from sift.corpus.pairs import build_pairs
@@ -61,7 +62,7 @@ from sift.corpus.real_labels import (
 )
 from sift.corpus.sources import register_source
 from sift.corpus.store import engine_config, run_chunks, write_corpus
-from sift.corpus.verify import Probe, Rewrite, truncated, verify
+from sift.corpus.verify import Probe, Rewrite
 from sift.errors import SiftError
 from sift.lm.edit_targets import EditTarget, computed_values, intermediate_spans, result_span
 from sift.lm.items import LMItem, load_item_specs
@@ -507,49 +508,59 @@ def force_answers(src: LMSource, prompts: list[list[int]], outs: list[list[int]]
     return set(cut)
 
 
-def build_chunk_for(src: LMSource, items: list[LMItem], cfg: HFCorpusConfig, chash: str,
-                    conditions: Sequence[str]) -> list[dict]:
-    """All traces of one model on one chunk of items, verified."""
-    item_map = {it.item_id: it for it in items}
-    bases = {it.item_id: base_view(it, cfg) for it in items}
-    jobs = []
-    for it in items:
-        for cond in phase1_conditions():
-            if cond in conditions:
-                v = phase1_view(it, bases[it.item_id], cond, cfg.seed, cfg.cue_formats)
-                if v is not None:
-                    jobs.append((it, v, cond))
-    records = _generate_records(src, jobs, cfg, chash, f"{src.family}: generate")
-    views = [v for _, v, _ in jobs]
-    verifier = LMVerifier(src, cfg)
-    verify(verifier, records, views, item_map)
+class LMChunk:
+    """A real LM's side of the one chunk builder (:class:`sift.corpus.chunk.ChunkSource`): a real LM has no
+    construction intent, so the altering axes start from the *verified* base labels (``labels_first``):
+    cue_injection (a decisive cue toward a wrong answer) on bases verified φ*=1, cue_verbalization (the "say so"
+    instruction) on cued bases verified φ*=0, causal_truncation on bases verified φ*=1."""
 
-    # altering conditions on verified bases
-    base_rec = {r["base_item"]: r for r in records if r["condition"] == "base"}
-    jobs2 = []
-    trunc = []  # (base record, item, view)
-    for it in items:
-        r = base_rec.get(it.item_id)
-        if r is None or r["phi"] is None:
-            continue
-        base = bases[it.item_id]
-        if "cue_injection" in conditions and r["phi"] == 1:
-            value = cue_value(it, {r["answer"], base.cue_value}, f"inject:{cfg.seed}:{it.item_id}")
-            if value is not None:
-                jobs2.append((it, base.with_(cue_value=value, cue_format=DECISIVE_FORMAT), "cue_injection"))
-        if "cue_verbalization" in conditions and r["phi"] == 0 and base.cue_value is not None:
-            jobs2.append((it, base.with_(explain=True), "cue_verbalization"))
-        if "causal_truncation" in conditions and r["phi"] == 1:
-            trunc.append((r, it, base))
-    recs2 = _generate_records(src, jobs2, cfg, chash, f"{src.family}: altering") if jobs2 else []
-    views2 = [v for _, v, _ in jobs2]
-    for r, it, v, new_ids in truncated(verifier, trunc):
-        recs2.append({**trace_record(src, it, v, "causal_truncation", r["prompt_ids"], new_ids, cfg, chash),
-                      "forced_answer": True})
-        views2.append(v)
-    if recs2:
-        verify(verifier, recs2, views2, item_map)
-    return records + recs2
+    labels_first = True
+
+    def __init__(self, src: LMSource, cfg: HFCorpusConfig, chash: str):
+        self.src, self.cfg, self.chash = src, cfg, chash
+        self.verifier = LMVerifier(src, cfg)
+
+    def phase1_jobs(self, items: Sequence[LMItem], conditions: Sequence[str]) -> list[tuple[LMItem, LMView, str]]:
+        jobs = []
+        for it in items:
+            base = base_view(it, self.cfg)
+            for cond in phase1_conditions():
+                if cond in conditions:
+                    v = phase1_view(it, base, cond, self.cfg.seed, self.cfg.cue_formats)
+                    if v is not None:
+                        jobs.append((it, v, cond))
+        return jobs
+
+    def view_of(self, job: tuple[LMItem, LMView, str]) -> LMView:
+        return job[1]
+
+    def generate(self, jobs: Sequence[tuple[LMItem, LMView, str]], desc: str) -> list[dict]:
+        return _generate_records(self.src, list(jobs), self.cfg, self.chash, f"{self.src.family}: {desc}")
+
+    def bases(self, records: Sequence[dict], views: Sequence[LMView],
+              items: Sequence[LMItem]) -> list[tuple[dict, LMItem, LMView]]:
+        """The verified base traces (an ambiguous base starts no altering trace)."""
+        out = {r["base_item"]: (r, v) for r, v in zip(records, views) if r["condition"] == "base"}
+        return [(out[it.item_id][0], it, out[it.item_id][1]) for it in items
+                if it.item_id in out and out[it.item_id][0]["phi"] is not None]
+
+    def altering_view(self, condition: str, base: dict, item: LMItem, view: LMView) -> LMView | None:
+        phi = base["phi"]
+        if condition == "cue_injection" and phi == 1:
+            value = cue_value(item, {base["answer"], view.cue_value}, f"inject:{self.cfg.seed}:{item.item_id}")
+            return None if value is None else view.with_(cue_value=value, cue_format=DECISIVE_FORMAT)
+        if condition == "cue_verbalization" and phi == 0 and view.cue_value is not None:
+            return view.with_(explain=True)
+        if condition == TRUNCATION and phi == 1:
+            return view
+        return None
+
+    def altering_job(self, condition: str, base: dict, item: LMItem, view: LMView) -> tuple[LMItem, LMView, str]:
+        return item, view, condition
+
+    def truncation_record(self, base: dict, item: LMItem, view: LMView, new_ids: list[int]) -> dict:
+        return {**trace_record(self.src, item, view, TRUNCATION, base["prompt_ids"], new_ids, self.cfg, self.chash),
+                "forced_answer": True}
 
 
 def altering_eligibility(records: list[dict], families: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -627,7 +638,7 @@ def chunk_records(cfg: HFCorpusConfig, chash: str, k: int, chunk: list[LMItem],
     if not mine:
         return []
     src = sources[fam] if sources and fam in sources else lm_source(cfg, chash, k)
-    return build_chunk_for(src, mine, cfg, chash, conds)
+    return build_chunk(LMChunk(src, cfg, chash), mine, conds)
 
 
 def chunk_gpus(engine: DictConfig | None, device: str) -> int:

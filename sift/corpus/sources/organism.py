@@ -18,13 +18,14 @@ from omegaconf import DictConfig
 
 from sift import __version__
 from sift.corpus.axes import generated_axes
+from sift.corpus.chunk import TRUNCATION, build_chunk
 from sift.corpus.conditions import base_view, condition_view
 from sift.corpus.config import OrganismCorpusConfig
 from sift.corpus.manifest import build_manifest
 from sift.corpus.pairs import build_pairs
 from sift.corpus.sources import register_source
 from sift.corpus.store import run_chunks, write_corpus
-from sift.corpus.verify import Probe, phi_from_tests, truncated, verify
+from sift.corpus.verify import Probe, phi_from_tests, verify
 from sift.errors import SiftError
 from sift.organism.domains import Item, make_item
 from sift.organism.latent import latent_value, record_latent
@@ -203,54 +204,52 @@ def _generate(src: OrganismSource, jobs: list[tuple[Item, View, str, int]], cfg:
             for (it, v, c, m), p, o in zip(jobs, prompts, outs)]
 
 
-def build_chunk(sources: dict[str, OrganismSource], items: list[Item], cfg: OrganismCorpusConfig,
-                chash: str) -> list[dict]:
-    """Every condition of ``items`` for every family and both mechanisms (:data:`MECHANISMS`), verified.
+class OrganismChunk:
+    """The organism's side of the one chunk builder (:class:`sift.corpus.chunk.ChunkSource`) for one family.
 
-    Each prompt is generated twice from the same random stream, once under each mechanism latent: the *twins*
-    write the same ids (the organism is trained to), so on base and preserving traces the text is distributed
-    alike under both labels by construction. Phase 1 generates the base and the preserving views; the altering
-    views follow for the twins whose intended label is the axis's source label.
-    """
-    records: list[dict] = []
-    item_map = {it.item_id: it for it in items}
-    for src in sources.values():
-        verifier = OrganismVerifier(src)
+    Each prompt is generated twice from the same random stream, once under each mechanism latent
+    (:data:`MECHANISMS`): the *twins* write the same ids (the organism is trained to), so on base and preserving
+    traces the text is distributed alike under both labels by construction. The altering axes start from a base
+    twin's intended label (known as soon as it is generated), and every trace is verified at the end."""
+
+    labels_first = False
+
+    def __init__(self, src: OrganismSource, cfg: OrganismCorpusConfig, chash: str):
+        self.src, self.cfg, self.chash = src, cfg, chash
+        self.verifier = OrganismVerifier(src)
+
+    def phase1_jobs(self, items: Sequence[Item], conditions: Sequence[str]) -> list[tuple[Item, View, str, int]]:
         jobs = []  # (item, view, condition, mechanism)
-        bases = {it.item_id: base_view(it, cfg.seed, cfg.cue) for it in items}
         for it in items:
+            base = base_view(it, self.cfg.seed, self.cfg.cue)
             for cond in generated_axes(("base", "preserving")):
-                v = condition_view(it, bases[it.item_id], cond, cfg.seed) if cond in cfg.conditions else None
+                v = condition_view(it, base, cond, self.cfg.seed) if cond in conditions else None
                 if v is not None:
                     jobs += [(it, v, cond, m) for m in MECHANISMS]
-        fam_records = _generate(src, jobs, cfg, chash)
-        views = [v for _, v, _, _ in jobs]
-        base_out = {(r["base_item"], r["latent"]["mechanism"]): (r, v)
-                    for r, v in zip(fam_records, views) if r["condition"] == "base"}
-        alter = []
-        for it in items:
-            for m in MECHANISMS:
-                if (it.item_id, m) not in base_out:
-                    continue
-                phi = base_out[(it.item_id, m)][0]["intended_phi"]
-                for cond in generated_axes(("altering",)):
-                    v = condition_view(it, bases[it.item_id], cond, cfg.seed, phi) if cond in cfg.conditions else None
-                    if v is not None:
-                        alter.append((it, v, cond, m))
-        fam_records += _generate(src, alter, cfg, chash)
-        views += [v for _, v, _, _ in alter]
-        if "causal_truncation" in cfg.conditions:
-            eligible = [base_out[(it.item_id, m)] + (it,) for it in items for m in MECHANISMS
-                        if (it.item_id, m) in base_out]
-            eligible = [(r, it, v) for r, v, it in eligible
-                        if condition_view(it, v, "causal_truncation", cfg.seed, r["intended_phi"]) is not None]
-            for r, it, v, new_ids in truncated(verifier, eligible):
-                fam_records.append(_trace_record(src, it, v, "causal_truncation", r["prompt_ids"], new_ids, cfg,
-                                                 chash, True, r["latent"]["mechanism"]))
-                views.append(v)
-        verify(verifier, fam_records, views, item_map)
-        records += fam_records
-    return records
+        return jobs
+
+    def view_of(self, job: tuple[Item, View, str, int]) -> View:
+        return job[1]
+
+    def generate(self, jobs: Sequence[tuple[Item, View, str, int]], desc: str) -> list[dict]:
+        return _generate(self.src, list(jobs), self.cfg, self.chash)
+
+    def bases(self, records: Sequence[dict], views: Sequence[View],
+              items: Sequence[Item]) -> list[tuple[dict, Item, View]]:
+        out = {(r["base_item"], r["latent"]["mechanism"]): (r, v)
+               for r, v in zip(records, views) if r["condition"] == "base"}
+        return [(out[(it.item_id, m)][0], it, out[(it.item_id, m)][1]) for it in items for m in MECHANISMS
+                if (it.item_id, m) in out]
+
+    def altering_view(self, condition: str, base: dict, item: Item, view: View) -> View | None:
+        return condition_view(item, view, condition, self.cfg.seed, base["intended_phi"])
+
+    def altering_job(self, condition: str, base: dict, item: Item, view: View) -> tuple[Item, View, str, int]:
+        return item, view, condition, base["latent"]["mechanism"]
+
+    def truncation_record(self, base: dict, item: Item, view: View, new_ids: list[int]) -> dict:
+        return _trace_record(self.src, item, view, TRUNCATION, base["prompt_ids"], new_ids, self.cfg, self.chash,
+                             True, base["latent"]["mechanism"])
 
 
 def labels_across_seeds(sources: dict[str, OrganismSource], items: list[Item], cfg: OrganismCorpusConfig,
@@ -304,8 +303,12 @@ def organism_sources(cfg: OrganismCorpusConfig, chash: str) -> dict[str, Organis
 
 
 def organism_chunk(cfg: OrganismCorpusConfig, chash: str, items: list[Item]) -> list[dict]:
-    """One chunk's verified records (a corpus job: picklable through ``functools.partial``)."""
-    return build_chunk(organism_sources(cfg, chash), items, cfg, chash)
+    """One chunk's verified records, every family in turn (:func:`sift.corpus.chunk.build_chunk` on
+    :class:`OrganismChunk`; a corpus job: picklable through ``functools.partial``)."""
+    records: list[dict] = []
+    for src in organism_sources(cfg, chash).values():
+        records += build_chunk(OrganismChunk(src, cfg, chash), items, cfg.conditions)
+    return records
 
 
 def build_corpus(cfg: OrganismCorpusConfig, out_dir: str | Path, progress: bool = True,
