@@ -131,32 +131,40 @@ def line_steps(src, cot_ids: Sequence[int]) -> list[tuple[int, int]]:
     return spans
 
 
-def prepare_lm(src, scorer: LMAnswerScorer, traces: Sequence[dict]) -> list:
-    """:class:`~sift.companion.organism.Prepared` records of real-LM traces: ids = prompt + CoT + the forced
-    ``Answer:`` line start; the answer space of :func:`answer_space`; steps = the CoT's lines."""
-    from sift.companion.organism import Prepared, score_full_inputs
+class LMLayout:
+    """A real LM's :class:`~sift.companion.organism.TraceLayout`: a CoT is its text, its steps are its lines
+    (:func:`line_steps`), the answer is forced by the ``Answer:`` line start; the candidates are
+    :func:`answer_space`'s (views of one item share them: a numeric space is the union over the item's traces
+    given; an option is compared by its text)."""
 
-    out = []
-    # views of one item share its candidates: numeric spaces are the union over the item's traces given here
-    union: dict[str, set] = {}
-    for r in traces:
-        if not OPTION_LINE.search(r.get("prompt") or ""):
-            union.setdefault(r["base_item"], set()).update(answer_space(r))
-    for r in traces:
-        cot_ids = list(r["generated_ids"][r["cot_span"][0]:r["cot_span"][1]])
-        cot = src.decode(cot_ids)
-        options = dict(OPTION_TEXT.findall(r.get("prompt") or ""))
-        space = answer_space(r) if options else tuple(sorted(union[r["base_item"]]))
-        if r.get("gold_answer") is not None and str(r["gold_answer"]) not in space:
-            raise SiftError(f"trace {r['trace_id']}: gold answer {r['gold_answer']!r} is not among its options "
-                            f"{list(space)}")
-        space_ids = [tuple(src.encode(" " + v)) for v in space]
-        lines = line_steps(src, cot_ids)
-        out.append(Prepared(r, list(r["prompt_ids"]) + cot_ids + src.answer_prefix(cot), len(r["prompt_ids"]),
-                            len(cot_ids), space, space_ids, np.zeros(0), -1,
-                            [src.decode(cot_ids[a:b]) for a, b in lines], lines,
-                            tuple(options[v].strip() for v in space) if options else None))
-    return score_full_inputs(scorer, out)
+    def __init__(self, src):
+        self.src = src
+
+    def read(self, cot_ids: list[int]) -> str:
+        return self.src.decode(cot_ids)
+
+    def answer_prefix(self, cot: str) -> list[int]:
+        return self.src.answer_prefix(cot)
+
+    def steps(self, cot_ids: list[int], cot: str) -> tuple[list[str], list[tuple[int, int]]]:
+        lines = line_steps(self.src, cot_ids)
+        return [self.src.decode(cot_ids[a:b]) for a, b in lines], lines
+
+    def spaces(self, traces: Sequence[dict]) -> list[tuple[tuple[str, ...], list, tuple[str, ...] | None]]:
+        union: dict[str, set] = {}
+        for r in traces:
+            if not OPTION_LINE.search(r.get("prompt") or ""):
+                union.setdefault(r["base_item"], set()).update(answer_space(r))
+        out = []
+        for r in traces:
+            options = dict(OPTION_TEXT.findall(r.get("prompt") or ""))
+            space = answer_space(r) if options else tuple(sorted(union[r["base_item"]]))
+            if r.get("gold_answer") is not None and str(r["gold_answer"]) not in space:
+                raise SiftError(f"trace {r['trace_id']}: gold answer {r['gold_answer']!r} is not among its options "
+                                f"{list(space)}")
+            out.append((space, [tuple(self.src.encode(" " + v)) for v in space],
+                        tuple(options[v].strip() for v in space) if options else None))
+        return out
 
 
 def content_mask_lm(p, src, span: str = "cot") -> np.ndarray:

@@ -19,7 +19,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -199,28 +199,66 @@ class Prepared:
         return trace_latent(self.trace)
 
 
-def prepare(src, scorer: OrganismScorer, traces: Sequence[dict]) -> list[Prepared]:
-    """Token layout, answer space and the full-input answer distribution of each trace (one batched pass)."""
-    from sift.organism.domains import answer_space
+class TraceLayout(Protocol):
+    """What the companion reads of a source to lay a trace out (prompt + CoT + the forced answer start): the
+    organism (:class:`OrganismLayout`) and a real LM (:class:`sift.companion.lm_traces.LMLayout`)."""
 
-    ans = src.ids(["answer", ":"])
-    out = []
-    for r in traces:
-        cot_ids = list(r["generated_ids"][r["cot_span"][0]:r["cot_span"][1]])
-        space = answer_space(r["domain"])
-        words = src.words(cot_ids)
-        ends = [i for i, w in enumerate(words) if w == ";"]
+    def read(self, cot_ids: list[int]) -> Any:
+        """The source's reading of CoT ids (words, or text)."""
+        ...
+
+    def answer_prefix(self, cot: Any) -> list[int]:
+        ...
+
+    def steps(self, cot_ids: list[int], cot: Any) -> tuple[list[str], list[tuple[int, int]]]:
+        """(the CoT's units as :attr:`Prepared.cot_words` holds them, the token spans of its steps)."""
+        ...
+
+    def spaces(self, traces: Sequence[dict]) -> list[tuple[tuple[str, ...], list, tuple[str, ...] | None]]:
+        """Per trace: its candidate answers, their ids and their view-independent form (None: the answers)."""
+        ...
+
+
+class OrganismLayout:
+    """The organism's :class:`TraceLayout`: a CoT is its words, a step ends at ``;``, the candidates are the
+    domain's answer space, the answer is forced by ``answer :``."""
+
+    def __init__(self, src):
+        self.src = src
+
+    def read(self, cot_ids: list[int]) -> list[str]:
+        return self.src.words(cot_ids)
+
+    def answer_prefix(self, cot: list[str]) -> list[int]:
+        return self.src.ids(["answer", ":"])
+
+    def steps(self, cot_ids: list[int], cot: list[str]) -> tuple[list[str], list[tuple[int, int]]]:
+        ends = [i for i, w in enumerate(cot) if w == ";"]
         starts = [0] + [e + 1 for e in ends[:-1]]
-        steps = [(a, b + 1) for a, b in zip(starts, ends)]
-        out.append(Prepared(r, list(r["prompt_ids"]) + cot_ids + ans, len(r["prompt_ids"]), len(cot_ids), space,
-                            src.ids(list(space)), np.zeros(0), -1, words, steps))
+        return cot, [(a, b + 1) for a, b in zip(starts, ends)]
+
+    def spaces(self, traces: Sequence[dict]) -> list[tuple[tuple[str, ...], list, None]]:
+        from sift.organism.domains import answer_space
+
+        return [(sp, self.src.ids(list(sp)), None) for sp in (answer_space(r["domain"]) for r in traces)]
+
+
+def prepare(layout: TraceLayout, scorer, traces: Sequence[dict]) -> list[Prepared]:
+    """Token layout, answer space and the full-input answer distribution of each trace (one batched pass per
+    answer space), for any source's :class:`TraceLayout`."""
+    out = []
+    for r, (space, space_ids, canon) in zip(traces, layout.spaces(traces)):
+        cot_ids = list(r["generated_ids"][r["cot_span"][0]:r["cot_span"][1]])
+        cot = layout.read(cot_ids)
+        units, steps = layout.steps(cot_ids, cot)
+        out.append(Prepared(r, list(r["prompt_ids"]) + cot_ids + layout.answer_prefix(cot), len(r["prompt_ids"]),
+                            len(cot_ids), space, space_ids, np.zeros(0), -1, units, steps, canon))
     return score_full_inputs(scorer, out)
 
 
 def score_full_inputs(scorer, prepared: list[Prepared]) -> list[Prepared]:
-    """Fill each record's full-input answer distribution and prediction: one batched pass per answer space
-    (the step after the source-specific layout, shared by the organism and real LMs). Each trace's mechanism
-    latent goes with it (organism v3; a real LM's scorer has none to replay)."""
+    """Fill each record's full-input answer distribution and prediction: one batched pass per answer space.
+    Each trace's mechanism latent goes with it (organism v3; a real LM's scorer has none to replay)."""
     groups: dict[tuple, list[Prepared]] = {}
     for p in prepared:
         groups.setdefault(tuple(tuple(i) if isinstance(i, (list, tuple)) else i for i in p.space_ids), []).append(p)

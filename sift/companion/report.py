@@ -137,8 +137,8 @@ class _Organism:
 
     def prepared(self, section) -> list:
         """Prepared traces of every family for a section (``n_traces`` per family, ``conditions``)."""
-        from sift.companion.lm_traces import prepare_lm
-        from sift.companion.organism import load_traces, prepare
+        from sift.companion.lm_traces import LMLayout
+        from sift.companion.organism import OrganismLayout, load_traces, prepare
 
         out = []
         conds = list(section.conditions) if section.get("conditions") else None
@@ -146,7 +146,7 @@ class _Organism:
             tr = load_traces(self.corpus(), families=[fam], conditions=conds, n=section.get("n_traces"),
                              n_items=section.get("n_items"), seed=int(self.cfg.seed))
             src, sc = self.source(fam)
-            out.append((fam, src, sc, (prepare_lm if self.lm else prepare)(src, sc, tr)))
+            out.append((fam, src, sc, prepare((LMLayout if self.lm else OrganismLayout)(src), sc, tr)))
         return out
 
 

@@ -151,7 +151,8 @@ def test_organism_ice_edct_system1_smoke(organism_corpus):
 
     src = OrganismSource.load("gpt2", DEFAULT_CHECKPOINTS / "gpt2")
     sc = O.OrganismScorer(src)
-    prep = O.prepare(src, sc, O.load_traces(organism_corpus, conditions=["base", "cue_injection"], n=4))
+    traces = O.load_traces(organism_corpus, conditions=["base", "cue_injection"], n=4)
+    prep = O.prepare(O.OrganismLayout(src), sc, traces)
     for p in prep:
         np.testing.assert_allclose(p.full_probs.sum(), 1.0)
         m = O.content_mask(p, src, "both")
@@ -169,7 +170,7 @@ def test_organism_ice_edct_system1_smoke(organism_corpus):
     assert r["step_src"]["all"]["n"] >= 1
     e = O.run_edct(src, prep, EDCTSettings(n_resamples=20), progress=False)
     assert e["n_traces"] == len(prep) and 0 <= e["verified_rate"] <= 1
-    s = O.run_system1(O.prepare(src, sc, O.load_traces(organism_corpus)), n_resamples=20)
+    s = O.run_system1(O.prepare(O.OrganismLayout(src), sc, O.load_traces(organism_corpus)), n_resamples=20)
     assert 0 <= s["ece_w"] <= 1 and s["mce_w"] >= s["ece_w"] and "paraphrase" in s["flips"]
     assert s["ece_w"] >= abs(s["accuracy"] - s["mean_confidence"]) - 1e-12
     assert not math.isnan(s["brier"])

@@ -11,7 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 
 from sift.companion.edct import EDCTSettings
-from sift.companion.lm_traces import LMAnswerScorer, answer_space, end_ids, line_steps, prepare_lm
+from sift.companion.lm_traces import LMAnswerScorer, LMLayout, answer_space, end_ids, line_steps
+from sift.companion.organism import prepare
 from sift.corpus.sources.hf import LMSource
 from sift.errors import SiftError
 
@@ -108,7 +109,7 @@ def test_ice_and_system1_on_a_real_lm_corpus(src, tiny_dirs, tmp_path):
     # System-1's accuracy and flips are those of the scorer's own argmax over each trace's candidates
     s1 = sections["companion_system1"].results["tiny"]
     sc = LMAnswerScorer(src, 4)
-    prep = prepare_lm(src, sc, traces)
+    prep = prepare(LMLayout(src), sc, traces)
     pred = [p.space[p.pred] for p in prep]
     assert s1["n"] == 12 and s1["accuracy"] == pytest.approx(np.mean([v == t["gold_answer"]
                                                                       for v, t in zip(pred, traces)]))
