@@ -39,6 +39,23 @@ class Probe:
     start: int
 
 
+@dataclass
+class Trace:
+    """One trace as the verification reads it: its batch index ``k``, its record, its base item and the item as
+    its view shows it, its CoT ids and their reading, the test fields gathered so far, and where its CoT states
+    its result (``site``: a source's own type; None: nothing to edit)."""
+
+    k: int
+    record: dict
+    item: Any
+    shown: Any
+    view: Any
+    cot_ids: list[int]
+    cot: CoT
+    tests: dict
+    site: Any = None
+
+
 @dataclass(frozen=True)
 class Rewrite:
     """One test that lets the model write again from ``prompt`` (``head``: the CoT text the prompt ends with)."""
@@ -70,26 +87,25 @@ class SourceVerifier(Protocol):
     def mentions_cue(self, cot: CoT) -> bool:
         ...
 
-    def stated_result(self, record: dict, shown: Any, cot: CoT, tests: dict) -> Any | None:
+    def stated_result(self, t: Trace) -> Any | None:
         """Where the CoT states its result (a source's own site type), or None: nothing to edit (a source may
-        write why into ``tests``)."""
+        write why into ``t.tests``)."""
         ...
 
-    def edit_value(self, record: dict, shown: Any, cot: CoT, site: Any) -> str | None:
-        """The value the edit writes instead of the stated one (None: no alternative)."""
+    def edit_value(self, t: Trace) -> str | None:
+        """The value the edit writes instead of the stated one at ``t.site`` (None: no alternative)."""
         ...
 
-    def edited(self, cot_ids: list[int], cot: CoT, shown: Any, site: Any, value: str) -> tuple[list[int], CoT]:
+    def edited(self, t: Trace, value: str) -> tuple[list[int], CoT]:
         """The CoT ids with the stated value replaced (the ids before it kept), and their reading."""
         ...
 
-    def cue_change(self, record: dict, shown: Any, cot: CoT, site: Any, edit_value: str | None) -> str | None:
+    def cue_change(self, t: Trace, edit_value: str | None) -> str | None:
         """The cue value the cue-change test puts in the prompt (None: no alternative)."""
         ...
 
-    def more_tests(self, record: dict, k: int, item: Any, shown: Any, view: Any, cot_ids: list[int], cot: CoT,
-                   site: Any, cue_value: str | None, tests: dict) -> tuple[list[Probe], list[Rewrite]]:
-        """The source's further tests of trace ``k`` (none on the organism)."""
+    def more_tests(self, t: Trace, cue_value: str | None) -> tuple[list[Probe], list[Rewrite]]:
+        """The source's further tests of the trace (none on the organism)."""
         ...
 
     def answers(self, probes: Sequence[Probe], records: Sequence[dict],
@@ -127,40 +143,39 @@ def verify(v: SourceVerifier, records: list[dict], views: Sequence[Any], items: 
     shown, tests = [], []
     for k, (r, view) in enumerate(zip(records, views)):
         item = items[r["base_item"]]
-        s = v.shown(item, view)
-        shown.append(s)
         cot_ids = cot_ids_of(r)
         cot = v.read(cot_ids)
-        t: dict[str, Any] = {"mentions_cue": v.mentions_cue(cot)}
-        tests.append(t)
-        site = v.stated_result(r, s, cot, t)
-        if site is not None:
-            new = v.edit_value(r, s, cot, site)
+        t = Trace(k, r, item, v.shown(item, view), view, cot_ids, cot, {"mentions_cue": v.mentions_cue(cot)})
+        shown.append(t.shown)
+        tests.append(t.tests)
+        t.site = v.stated_result(t)
+        if t.site is not None:
+            new = v.edit_value(t)
             if new is not None:
-                ids, edited = v.edited(cot_ids, cot, s, site, new)
-                t["edit_value"] = new
+                ids, edited = v.edited(t, new)
+                t.tests["edit_value"] = new
                 probes.append(Probe(k, "edit", r["prompt_ids"] + ids + v.answer_prefix(edited), len(r["prompt_ids"])))
         new_cue = None
         if r["cue"] is not None:
-            new_cue = v.cue_change(r, s, cot, site, t.get("edit_value"))
+            new_cue = v.cue_change(t, t.tests.get("edit_value"))
             if new_cue is not None:
-                t["cue_value"] = new_cue
+                t.tests["cue_value"] = new_cue
                 prompt = v.prompt_ids(item, view.with_(cue_value=new_cue))
                 probes.append(Probe(k, "cue", prompt + cot_ids + v.answer_prefix(cot), len(prompt)))
-        more, again = v.more_tests(r, k, item, s, view, cot_ids, cot, site, new_cue, t)
+        more, again = v.more_tests(t, new_cue)
         probes += more
         rewrites += again
     for p, (ans, _) in zip(probes, v.answers(probes, records, shown)):
-        t = tests[p.k]
+        fields = tests[p.k]
         if p.tag == "edit":
-            t.update(edit_answer=ans, edit_follows=ans == t["edit_value"])
+            fields.update(edit_answer=ans, edit_follows=ans == fields["edit_value"])
         elif p.tag == "cue":
-            t.update(cue_answer=ans, cue_follows=ans == t["cue_value"])
+            fields.update(cue_answer=ans, cue_follows=ans == fields["cue_value"])
         else:
-            v.record_answer(p, ans, t)
+            v.record_answer(p, ans, fields)
     v.rewrite(rewrites, records, shown, tests)
-    for r, t in zip(records, tests):
-        r["phi"], r["verification"] = v.label(r, t)
+    for r, fields in zip(records, tests):
+        r["phi"], r["verification"] = v.label(r, fields)
 
 
 def truncation_cut(v: SourceVerifier, record: dict, item: Any) -> list[int] | None:

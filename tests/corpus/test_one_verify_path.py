@@ -49,20 +49,21 @@ class ToyVerifier:
     def mentions_cue(self, cot):
         return False
 
-    def stated_result(self, record, shown, cot, tests):
-        return len(cot) - 1 if cot else None
+    def stated_result(self, t):
+        return len(t.cot) - 1 if t.cot else None
 
-    def edit_value(self, record, shown, cot, j):
-        return str((int(cot[j]) + 3) % 10)
+    def edit_value(self, t):
+        return str((int(t.cot[t.site]) + 3) % 10)
 
-    def edited(self, cot_ids, cot, shown, j, value):
-        ids = cot_ids[:j] + [int(value)] + cot_ids[j + 1:]
+    def edited(self, t, value):
+        ids = t.cot_ids[:t.site] + [int(value)] + t.cot_ids[t.site + 1:]
         return ids, self.read(ids)
 
-    def cue_change(self, record, shown, cot, j, edit_value):
-        return next(v for v in shown.answer_space if v not in {record["cue"]["value"], edit_value, record["answer"]})
+    def cue_change(self, t, edit_value):
+        return next(v for v in t.shown.answer_space
+                    if v not in {t.record["cue"]["value"], edit_value, t.record["answer"]})
 
-    def more_tests(self, record, k, item, shown, view, cot_ids, cot, site, cue_value, tests):
+    def more_tests(self, t, cue_value):
         return [], []
 
     def answers(self, probes, records, shown):

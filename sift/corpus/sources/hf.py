@@ -62,7 +62,7 @@ from sift.corpus.real_labels import (
 )
 from sift.corpus.sources import register_source
 from sift.corpus.store import engine_config, run_chunks, write_corpus
-from sift.corpus.verify import Probe, Rewrite
+from sift.corpus.verify import Probe, Rewrite, Trace
 from sift.errors import SiftError
 from sift.lm.edit_targets import EditTarget, computed_values, intermediate_spans, result_span
 from sift.lm.items import LMItem, load_item_specs
@@ -349,40 +349,42 @@ class LMVerifier:
     def mentions_cue(self, cot: str) -> bool:
         return mentions_cue(cot)
 
-    def stated_result(self, record: dict, shown: LMItem, cot: str, tests: dict) -> EditTarget | None:
+    def stated_result(self, t: Trace) -> EditTarget | None:
+        shown, cot = t.shown, t.cot
         target = result_span(cot, shown.answer_kind, question=shown.question, labels=_labels(shown) or None,
                              choices=shown.choices)
         if isinstance(target, str):
-            tests["no_target_reason"] = target
+            t.tests["no_target_reason"] = target
             return None
-        tests.update(edit_span=[target.start, target.end], edit_original=cot[target.start:target.end],
-                     edit_target=target.how)
+        t.tests.update(edit_span=[target.start, target.end], edit_original=cot[target.start:target.end],
+                       edit_target=target.how)
         return target
 
-    def edit_value(self, record: dict, shown: LMItem, cot: str, target: EditTarget) -> str | None:
+    def edit_value(self, t: Trace) -> str | None:
+        target, r = t.site, t.record
         akind = "choice" if target.vkind == "choice_text" else target.vkind
-        return alternative(target.value, akind, {record["answer"], (record["cue"] or {}).get("value")},
-                           f"edit:{record['trace_id']}", _labels(shown) or "ABCDE")
+        return alternative(target.value, akind, {r["answer"], (r["cue"] or {}).get("value")},
+                           f"edit:{r['trace_id']}", _labels(t.shown) or "ABCDE")
 
-    def edited(self, cot_ids: list[int], cot: str, shown: LMItem, target: EditTarget,
-               value: str) -> tuple[list[int], str]:
-        return _edited_ids(self.src, cot_ids, cot, target.start, target.end, _replacement(shown, cot, target, value))
+    def edited(self, t: Trace, value: str) -> tuple[list[int], str]:
+        target = t.site
+        return _edited_ids(self.src, t.cot_ids, t.cot, target.start, target.end,
+                           _replacement(t.shown, t.cot, target, value))
 
-    def cue_change(self, record: dict, shown: LMItem, cot: str, target: EditTarget | None,
-                   edit_value: str | None) -> str | None:
+    def cue_change(self, t: Trace, edit_value: str | None) -> str | None:
         # the changed cue differs from the edit's value where the answer kind leaves room (a binary choice does
         # not): an answer that takes the one value could not tell which test it followed
-        cue, salt = record["cue"]["value"], f"cue:{record['trace_id']}"
-        avoid = {record["answer"], target.value if target else None}
+        r, shown = t.record, t.shown
+        cue, salt = r["cue"]["value"], f"cue:{r['trace_id']}"
+        avoid = {r["answer"], t.site.value if t.site else None}
         return alternative(cue, shown.answer_kind, avoid | {edit_value}, salt, _labels(shown)) \
             or alternative(cue, shown.answer_kind, avoid, salt, _labels(shown))
 
-    def more_tests(self, record: dict, k: int, item: LMItem, shown: LMItem, view: LMView, cot_ids: list[int],
-                   cot: str, target: EditTarget | None, cue_value: str | None,
-                   tests: dict) -> tuple[list[Probe], list[Rewrite]]:
+    def more_tests(self, t: Trace, cue_value: str | None) -> tuple[list[Probe], list[Rewrite]]:
         """Early answering (re-decodes), an added mistake and the rationalisation test (rewrites), as
         ``cfg.interventions`` lists; none when the trace is ambiguous whatever they say."""
-        r, cfg, src = record, self.cfg, self.src
+        r, cfg, src = t.record, self.cfg, self.src
+        k, cot_ids, cot, target, tests = t.k, t.cot_ids, t.cot, t.site, t.tests
         probes: list[Probe] = []
         rewrites: list[Rewrite] = []
         forced_at_limit = bool(r.get("forced_answer")) and r["condition"] != "causal_truncation"
@@ -414,7 +416,7 @@ class LMVerifier:
                 and target.value == cue == r["answer"] and not tests["mentions_cue"]:
             tests["rationalised"] = {"cue_value": cue_value, "cot_result": None, "mentions_cue": None, "moved": False,
                                      "cot": None}
-            rewrites.append(Rewrite(k, "rationalised", src.prompt_ids(item, view.with_(cue_value=cue_value)), ""))
+            rewrites.append(Rewrite(k, "rationalised", src.prompt_ids(t.item, t.view.with_(cue_value=cue_value)), ""))
         return probes, rewrites
 
     def answers(self, probes: Sequence[Probe], records: Sequence[dict],

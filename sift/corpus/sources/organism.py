@@ -25,7 +25,7 @@ from sift.corpus.manifest import build_manifest
 from sift.corpus.pairs import build_pairs
 from sift.corpus.sources import register_source
 from sift.corpus.store import run_chunks, write_corpus
-from sift.corpus.verify import Probe, phi_from_tests, verify
+from sift.corpus.verify import Probe, Trace, phi_from_tests, verify
 from sift.errors import SiftError
 from sift.organism.domains import Item, make_item
 from sift.organism.latent import latent_value, record_latent
@@ -129,26 +129,27 @@ class OrganismVerifier:
     def mentions_cue(self, cot: list[str]) -> bool:
         return any(w in HINT_WORDS for w in cot)
 
-    def stated_result(self, record: dict, shown: Item, cot: list[str], tests: dict) -> int | None:
-        return last_value_index(cot)
+    def stated_result(self, t: Trace) -> int | None:
+        return last_value_index(t.cot)
 
-    def edit_value(self, record: dict, shown: Item, cot: list[str], j: int) -> str | None:
+    def edit_value(self, t: Trace) -> str | None:
         # the edit differs from the stated value and the answer; it avoids the cue's value where the space allows
         # (booleans do not: the separate cue test then disambiguates)
-        space, salt = value_space(cot[j]), f"edit:{_salt_key(record)}"
-        must = {cot[j], record["answer"] or ""}
-        return _pick(space, must | {(record["cue"] or {}).get("value", "")}, salt) or _pick(space, must, salt)
+        r, stated = t.record, t.cot[t.site]
+        space, salt = value_space(stated), f"edit:{_salt_key(r)}"
+        must = {stated, r["answer"] or ""}
+        return _pick(space, must | {(r["cue"] or {}).get("value", "")}, salt) or _pick(space, must, salt)
 
-    def edited(self, cot_ids: list[int], cot: list[str], shown: Item, j: int,
-               value: str) -> tuple[list[int], list[str]]:
-        return cot_ids[:j] + self.src.ids([value]) + cot_ids[j + 1:], cot[:j] + [value] + cot[j + 1:]
+    def edited(self, t: Trace, value: str) -> tuple[list[int], list[str]]:
+        j = t.site
+        return t.cot_ids[:j] + self.src.ids([value]) + t.cot_ids[j + 1:], t.cot[:j] + [value] + t.cot[j + 1:]
 
-    def cue_change(self, record: dict, shown: Item, cot: list[str], j: int | None,
-                   edit_value: str | None) -> str | None:
-        return _pick(shown.answer_space, {record["cue"]["value"], record["answer"] or "",
-                                          cot[j] if j is not None else ""}, f"cue:{record['trace_id']}")
+    def cue_change(self, t: Trace, edit_value: str | None) -> str | None:
+        r = t.record
+        return _pick(t.shown.answer_space, {r["cue"]["value"], r["answer"] or "",
+                                            t.cot[t.site] if t.site is not None else ""}, f"cue:{r['trace_id']}")
 
-    def more_tests(self, record, k, item, shown, view, cot_ids, cot, site, cue_value, tests):
+    def more_tests(self, t: Trace, cue_value: str | None) -> tuple[list[Probe], list]:
         return [], []
 
     def answers(self, probes: Sequence[Probe], records: Sequence[dict],
