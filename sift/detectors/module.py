@@ -395,6 +395,11 @@ class DetectorModule(pl.LightningModule):
     def on_train_start(self) -> None:
         for m in (self.val_loss, self.val_auroc, self.val_probs, self.val_labels):
             m.reset()
+        # a detector fitted in one pass (fits_once) that resumes after its fitting epoch has nothing left to do:
+        # it stops where the uninterrupted run stopped, so the record's stop epoch survives the resume
+        if getattr(self, "fits_once", False) and bool(getattr(self, "fitted", False)) \
+                and self.trainer.fit_loop.epoch_progress.current.completed > 0:
+            self.trainer.should_stop = True
 
     # ---- evaluation
     def _eval_step(self, batch: TraceBatch, stage: str) -> None:
