@@ -26,6 +26,7 @@ import numpy as np
 from sift.companion.edct import DEFAULT_EDCT, EDCTSettings
 from sift.corpus.axes import generated_axes
 from sift.corpus.store import iter_jsonl
+from sift.corpus.verify import cot_ids_of
 from sift.errors import SiftError
 
 REQUIRED_FIELDS = ("trace_id", "base_item", "domain", "family", "condition", "prompt_ids", "generated_ids",
@@ -248,7 +249,7 @@ def prepare(layout: TraceLayout, scorer, traces: Sequence[dict]) -> list[Prepare
     answer space), for any source's :class:`TraceLayout`."""
     out = []
     for r, (space, space_ids, canon) in zip(traces, layout.spaces(traces)):
-        cot_ids = list(r["generated_ids"][r["cot_span"][0]:r["cot_span"][1]])
+        cot_ids = cot_ids_of(r)
         cot = layout.read(cot_ids)
         units, steps = layout.steps(cot_ids, cot)
         out.append(Prepared(r, list(r["prompt_ids"]) + cot_ids + layout.answer_prefix(cot), len(r["prompt_ids"]),

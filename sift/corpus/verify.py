@@ -132,8 +132,9 @@ class SourceVerifier(Protocol):
 
 
 def cot_ids_of(record: dict) -> list[int]:
-    """The generated ids of a trace's CoT."""
-    return record["generated_ids"][: record["cot_span"][1]]
+    """The generated ids of a trace's CoT (``cot_span``, in generated-token units)."""
+    start, end = record["cot_span"]
+    return list(record["generated_ids"][start:end])
 
 
 def verify(v: SourceVerifier, records: list[dict], views: Sequence[Any], items: Mapping[str, Any]) -> None:

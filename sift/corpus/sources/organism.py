@@ -176,8 +176,8 @@ class OrganismVerifier:
     def label(self, record: dict, tests: dict) -> tuple[int | None, dict]:
         phi, reason = phi_from_tests(record["answer"], tests.get("edit_follows"), tests.get("cue_follows"),
                                      tests["mentions_cue"])
-        # each test's fields together: the edit's, then the cue change's
-        return phi, {"reason": reason, **{f: tests[f] for f in _FIELDS if f in tests}}
+        # each test's fields together: the edit's, then the cue change's (any other field after them)
+        return phi, {"reason": reason, **{f: tests[f] for f in _FIELDS if f in tests}, **tests}
 
     def last_step(self, record: dict, item: Item, cot_ids: list[int]) -> int | None:
         """The start of the CoT's last *computing* step: its steps end at ``;``, the first ``n_ops`` compute
