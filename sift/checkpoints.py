@@ -2,7 +2,8 @@
 
 Every checkpoint sift reads from a user path goes through :func:`load_checkpoint`, which unpickles with
 ``torch.load(weights_only=True)`` (tensors, containers and plain values only: a crafted file cannot run code)
-and turns any failure into one :class:`SiftError` line. Remote locations (``http://``, ``s3://`` …) are refused
+and turns any failure into one :class:`SiftError` line. Pickle bytes stored as a value (how sift's earlier format kept a
+control's estimator) are refused too, without being unpickled. Remote locations (``http://``, ``s3://`` …) are refused
 unless the caller opts in.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,28 @@ from pytorch_lightning.callbacks import ModelCheckpoint as _LightningModelCheckp
 from sift.errors import SiftError
 
 REMOTE_PREFIXES = ("http://", "https://", "ftp://", "s3://", "gs://", "gcs://", "az://", "abfs://", "hf://")
+#: where sift's earlier format kept a control's scikit-learn estimator: pickle bytes (refused, never unpickled)
+LEGACY_ESTIMATOR_KEY = "sklearn_estimator"
+#: the leading bytes of a pickle stream of protocol 2–5 (what ``pickle.dumps`` writes)
+_PICKLE_MAGIC = tuple(bytes([0x80, p]) for p in range(2, 6))
+
+
+def is_pickle_blob(value: Any) -> bool:
+    """True for bytes (or a uint8 tensor) that open with a pickle protocol header."""
+    if isinstance(value, torch.Tensor) and value.dtype == torch.uint8 and value.dim() == 1 and value.numel() >= 2:
+        value = value[:2].numpy().tobytes()
+    return isinstance(value, (bytes, bytearray)) and bytes(value[:2]) in _PICKLE_MAGIC
+
+
+def refuse_pickle_entries(checkpoint: Mapping[str, Any], path: str = "checkpoint") -> None:
+    """Refuse, in one line, a checkpoint with the old estimator entry or pickle bytes in any top-level entry."""
+    for key, value in checkpoint.items():
+        if (key == LEGACY_ESTIMATOR_KEY and value is not None) or is_pickle_blob(value):
+            name = (checkpoint.get("sift_detector") or {}).get("name", "DETECTOR")
+            what = "its scikit-learn estimator" if key == LEGACY_ESTIMATOR_KEY else f"entry {key!r}"
+            raise SiftError(f"{path}: refused: {what} is stored as pickle bytes, which sift never loads (unpickling "
+                            f"can run code); retrain it (a closed-form fit of seconds): sift-train detector={name} "
+                            f"seed=N data.trajectory_dir=DIR, or rerun the job, which refits it")
 
 
 def is_remote(path: str | Path) -> bool:
@@ -53,6 +77,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu", what: str = "ch
         raise SiftError(f"{path}: not a readable {what} ({type(e).__name__}: {msg[:160]})") from None
     if not isinstance(obj, dict):
         raise SiftError(f"{path}: not a {what} (holds a {type(obj).__name__}, expected a dict)")
+    refuse_pickle_entries(obj, str(path))
     return obj
 
 

@@ -25,15 +25,21 @@ def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """(line number, record) for each non-blank line; a bad line raises naming the file and line."""
-    with open(path) as fh:
+    """(line number, record) for each non-blank line; a bad line (not UTF-8 JSON, or not an object) raises naming
+    the file and line."""
+    with open(path, "rb") as fh:
         for ln, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                yield ln, json.loads(line)
+                rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise SiftError(f"{path}:{ln}: not valid JSON ({e.msg})") from None
+            except ValueError as e:  # UnicodeDecodeError: binary data, not a JSON Lines file
+                raise SiftError(f"{path}:{ln}: not a JSON Lines record ({type(e).__name__})") from None
+            if not isinstance(rec, dict):
+                raise SiftError(f"{path}:{ln}: not a JSON object (a {type(rec).__name__})")
+            yield ln, rec
 
 
 def read_jsonl(path: str | Path) -> list[dict]:

@@ -13,11 +13,13 @@ text_sift      ``token_ids`` / ``token_segment``: the model's  SIFT's network, o
                token ids of prompt, CoT and answer per step    token embeddings (:mod:`sift.detectors.text_sift`)
 =============  ==============================================  ======================================================
 
-The scikit-learn estimator of the first three is fitted once on the training split (the DataModule's flat training
-loader, each trace once) and pickled into the checkpoint; the decision threshold is frozen on validation like every
-other detector's. ``text_sift`` is a torch network trained like ``sift`` (it can read interactions of words, which the
-linear and hand-built controls cannot). A control reads no hidden state of the CoT: when it matches a trajectory
-detector, that detector may be reading the text rather than the mechanism.
+The scikit-learn estimators of ``text_bow`` and ``surface`` are fitted once on the training split (the DataModule's
+flat training loader, each trace once) and kept in the checkpoint as data (``skops.io`` with an explicit trusted-type
+list, :mod:`sift.detectors.estimator_state`; never a pickle, so loading a checkpoint cannot run code);
+``prompt_probe`` copies its fitted logistic regression into torch buffers. The decision threshold is frozen on
+validation like every other detector's. ``text_sift`` is a torch network trained like ``sift`` (it can read
+interactions of words, which the linear and hand-built controls cannot). A control reads no hidden state of the CoT:
+when it matches a trajectory detector, that detector may be reading the text rather than the mechanism.
 
 The report recognises a control by its registry entry (``registry.control`` in its config; ``text_sift`` also
 declares ``capacity_control``: the same-capacity text model the reference is compared with in Table 1), not by
@@ -26,7 +28,6 @@ name (:func:`sift.detectors.registry.is_control`).
 
 from __future__ import annotations
 
-import pickle
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,10 +36,9 @@ import torch
 
 from datamodules.batch import TraceBatch
 from datamodules.features import select_by_prefix
+from sift.detectors.estimator_state import STATE_KEY, dump_estimator, load_estimator, refuse_pickle_entries
 from sift.detectors.module import DataSpec, DetectorModule, as_env_batches
 from sift.errors import SiftError
-
-_CKPT_KEY = "sklearn_estimator"
 
 
 class SklearnDetector(DetectorModule):
@@ -47,6 +47,9 @@ class SklearnDetector(DetectorModule):
 
     #: fitted in one pass (the training record counts it as converged, never as undertrained)
     fits_once = True
+    #: the class a stored estimator must be, and the types its skops file may hold beyond skops' defaults
+    estimator_class: str = ""
+    trusted_types: tuple[str, ...] = ()
 
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "sklearn",
                  threshold_method: str = "youden") -> None:
@@ -135,15 +138,22 @@ class SklearnDetector(DetectorModule):
     # ---- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint[_CKPT_KEY] = pickle.dumps(self.estimator) if self.estimator is not None else None
+        checkpoint[STATE_KEY] = dump_estimator(self.estimator) if self.estimator is not None else None
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        blob = checkpoint.get(_CKPT_KEY)
-        self.estimator = pickle.loads(blob) if blob else None
+        super().on_load_checkpoint(checkpoint)
+        # load_checkpoint refused these already; this covers a file loaded by other means
+        refuse_pickle_entries(checkpoint, f"{self.detector_name} checkpoint")
+        state = checkpoint.get(STATE_KEY)
+        self.estimator = None if state is None else load_estimator(
+            state, expected=self.estimator_class, trusted=self.trusted_types,
+            what=f"{self.detector_name} checkpoint")
 
 
 class TextBowDetector(SklearnDetector):
     """``text_bow``: bag of words and character n-grams over prompt + CoT, logistic regression."""
+
+    estimator_class = "sklearn.pipeline.Pipeline"  # TF-IDF union → LR: every part is a skops default type
 
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "text_bow",
                  C: float = 1.0, max_iter: int = 2000, threshold_method: str = "youden") -> None:
@@ -166,6 +176,11 @@ class TextBowDetector(SklearnDetector):
 class SurfaceDetector(SklearnDetector):
     """``surface``: gradient-boosted trees on the structured text features ``surf/*``
     (:data:`sift.corpus.audit.SURFACE_FEATURES`)."""
+
+    estimator_class = "sklearn.ensemble._hist_gradient_boosting.gradient_boosting.HistGradientBoostingClassifier"
+    # the fitted trees, and the array check its bin mapper keeps as a partial (a reference, never called on load)
+    trusted_types = ("sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor", "functools.partial",
+                     "sklearn.utils.validation.check_array")
 
     def __init__(self, *, name: str = "surface", prefix: str = "surf/", max_iter: int = 100,
                  learning_rate: float = 0.1, max_leaf_nodes: int = 31,

@@ -98,6 +98,10 @@ def index_corpus(traces: str | Path, model_field: str = "family") -> CorpusIndex
                 r = json.loads(line)
             except json.JSONDecodeError as e:
                 raise SiftError(f"{traces}:{lineno}: not valid JSON ({e.msg})") from None
+            except ValueError as e:  # UnicodeDecodeError: binary data
+                raise SiftError(f"{traces}:{lineno}: not a JSON Lines record ({type(e).__name__})") from None
+            if not isinstance(r, dict):
+                raise SiftError(f"{traces}:{lineno}: not a JSON object (a {type(r).__name__})")
             if model_field not in r:
                 raise SiftError(f"{traces}:{lineno}: trace record lacks field {model_field!r}")
             check_record(r, f"{traces}:{lineno}")
@@ -125,10 +129,11 @@ def read_records(path: str | Path, offsets) -> list[dict]:
 
 
 def iter_records(path: str | Path) -> Iterator[dict]:
-    with open(path) as fh:
-        for line in fh:
-            if line.strip():
-                yield json.loads(line)
+    """Every record of a JSON Lines file; a bad line raises naming the file and line."""
+    from sift.corpus.store import iter_jsonl
+
+    for _, rec in iter_jsonl(path):
+        yield rec
 
 
 # ------------------------------------------------------------------------------------------------------ shard I/O
