@@ -28,6 +28,7 @@ from sift.corpus.axes import generated_axes
 from sift.corpus.store import iter_jsonl
 from sift.corpus.verify import cot_ids_of
 from sift.errors import SiftError
+from sift.lm.latent import TraceLatent
 
 REQUIRED_FIELDS = ("trace_id", "base_item", "domain", "family", "condition", "prompt_ids", "generated_ids",
                    "cot_span", "answer")
@@ -126,11 +127,12 @@ class OrganismScorer:
         self.n_forward = 0
 
     def _run(self, seqs: list[tuple]) -> None:
-        """Score keys ``(ids, latent)``: latent = (value, first CoT position) replayed (organism v3) or None."""
+        """Score keys ``(ids, latent)``: latent = (value, first CoT position, mechanism kind) replayed (organism v3)
+        or None."""
         import torch
 
         from sift.lm.generation import left_padded
-        from sift.organism.latent import injected
+        from sift.organism.latent import injected, latent_kind
 
         model, pad = self.src.model, self.src.tokenizer.pad_token_id
         n_pos = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 10**9)
@@ -146,16 +148,16 @@ class OrganismScorer:
                 lat = [c[1] for c in chunk]
                 vals = None if any(x is None for x in lat) else [x[0] for x in lat]
                 starts = None if vals is None else [min(x[1], len(c[0])) for x, c in zip(lat, chunk)]
-                with injected(model, vals, starts):
+                with injected(model, vals, starts, kind=latent_kind(lat)):
                     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1].double().numpy()
                 self.n_forward += len(chunk)
                 for p, row in zip(chunk, logits):
                     self.cache[p] = row
 
     def probs(self, seqs: Sequence[Sequence[int]], space_ids: Sequence[int],
-              latent: tuple[float, int] | Sequence[tuple[float, int] | None] | None = None) -> np.ndarray:
+              latent: TraceLatent | Sequence[TraceLatent | None] | None = None) -> np.ndarray:
         """(n, K) softmax over ``space_ids`` at the last position of each sequence. ``latent``: the trace's
-        mechanism latent (value, first CoT position), one for all sequences or one per sequence (organism v3;
+        mechanism latent (value, first CoT position, kind), one for all sequences or one per sequence (organism v3;
         sequences derived from one trace replay its latent)."""
         per = list(latent) if isinstance(latent, list) else [latent] * len(seqs)
         keys = [(tuple(int(i) for i in s), lat) for s, lat in zip(seqs, per)]
@@ -193,8 +195,8 @@ class Prepared:
         return self.trace.get("phi")
 
     @property
-    def latent(self) -> tuple[float, int] | None:
-        """The trace's mechanism latent (value, first CoT position), replayed by every re-score (organism v3)."""
+    def latent(self) -> TraceLatent | None:
+        """The trace's mechanism latent (value, first CoT position, kind), replayed by every re-score (organism v3)."""
         from sift.organism.latent import trace_latent
 
         return trace_latent(self.trace)
@@ -334,12 +336,13 @@ def _ice():
 
 def token_attribution(src, p: Prepared, explainer: str, rng: np.random.Generator) -> np.ndarray:
     """Token scores for ``p.ids`` from the :data:`EXPLAINERS` entry ``explainer``, with the trace's latent."""
-    from sift.organism.latent import injected
+    from sift.organism.latent import injected, latent_kind
 
     if explainer not in EXPLAINERS:
         raise SiftError(f"companion.ice.explainers: unknown explainer {explainer!r} ({', '.join(EXPLAINERS)})")
     lat = p.latent
-    with injected(src.model, None if lat is None else [lat[0]], None if lat is None else [lat[1]]):
+    with injected(src.model, None if lat is None else [lat.value], None if lat is None else [lat.start],
+                  kind=latent_kind([lat])):
         return EXPLAINERS[explainer](src, p, rng)
 
 

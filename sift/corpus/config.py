@@ -58,6 +58,7 @@ class OrganismCorpusConfig:
     conditions: list[str] = field(default_factory=lambda: list(AXES))
     families: list[str] = field(default_factory=lambda: ["gpt2", "llama"])
     checkpoint_dir: str | None = None  # None: the shipped organism weights
+    mechanism_kind: str = "offset"  # where the latent enters: sift.lm.latent.MECHANISM_KINDS
     seed: int = 0
     cue: CueMixture = field(default_factory=CueMixture)
     do_sample: bool = True  # the organism's choice-point sampler (sift.organism.sampling); False: greedy
@@ -78,6 +79,9 @@ class OrganismCorpusConfig:
         return Path(self.checkpoint_dir) if self.checkpoint_dir else DEFAULT_CHECKPOINTS
 
     def validate(self) -> None:
+        from sift.lm.latent import check_kind
+
+        check_kind(self.mechanism_kind)
         for d in self.domains:
             answer_space(d)
         _check_common(self)

@@ -67,7 +67,7 @@ def cot_scramble_test(
     """
     from sift.corpus.store import read_jsonl
     from sift.organism import DEFAULT_CHECKPOINTS
-    from sift.organism.latent import trace_latent
+    from sift.organism.latent import latent_kind, trace_latent
     from sift.organism.source import OrganismSource
 
     path = Path(corpus_dir) / "traces.jsonl"
@@ -79,8 +79,8 @@ def cot_scramble_test(
     ckpt = Path(checkpoint_dir) if checkpoint_dir is not None else DEFAULT_CHECKPOINTS
     out: dict[str, bool] = {}
     for fam in sorted({r["family"] for r in recs}):
-        src = OrganismSource.load(fam, ckpt / fam)
         rs = [r for r in recs if r["family"] == fam]
+        src = OrganismSource.load(fam, ckpt / fam, latent_kind([trace_latent(r) for r in rs]))
         ans = src.ids(["answer", ":"])
         prefixes = []
         for r in rs:
@@ -88,8 +88,8 @@ def cot_scramble_test(
             prefixes.append(r["prompt_ids"] + _scrambled(cot, f"{seed}:{r['trace_id']}") + ans)
         lat = [trace_latent(r) for r in rs]  # the trace's mechanism latent, replayed (organism v3)
         got = src.next_word(prefixes, batch_size=batch_size,
-                            latents=None if None in lat else [v for v, _ in lat],
-                            starts=None if None in lat else [st for _, st in lat])
+                            latents=None if None in lat else [x.value for x in lat],
+                            starts=None if None in lat else [x.start for x in lat])
         out.update({r["trace_id"]: g != r["answer"] for r, g in zip(rs, got)})
     return out
 

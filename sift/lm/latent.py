@@ -17,6 +17,15 @@ What follows by construction:
 * the CoT positions' states carry ``z`` (it is in their residual stream), so the mechanism is readable from the
   hidden states and from nothing in the text.
 
+**Mechanism kinds** (:data:`MECHANISM_KINDS`, issue 43): where the latent enters is an axis of the organism.
+
+* ``offset`` (organism v3 as shipped): from the first CoT position on, as above. The CoT's states carry ``z`` as a
+  planted offset; the behaviour does not need it there (the answer reads it at the answer line).
+* ``answer_routing``: the same weights, the latent entering only from the answer line on (the first
+  :data:`ANSWER_WORD` token at or after the first CoT position, and every position after it). The prompt's and the
+  CoT's states are then bit-identical under both latents: a detector on CoT positions only must score exactly 0.5
+  on the matched slice (a negative control); the mechanism acts at the answer line alone.
+
 Every base and preserving prompt of the organism's corpus is generated under both values of ``z`` from the same
 random stream (*twins*, :mod:`sift.corpus.sources.organism`), so the text is distributed alike under both labels.
 ``z`` is recorded in the trace (``latent``) and replayed by every later forward pass over the trace:
@@ -28,6 +37,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -35,6 +45,19 @@ from sift.errors import SiftError
 
 LATENT_FILE = "mechanism_latent.safetensors"
 _ATTR = "sift_mechanism_direction"
+_TRIGGER = "sift_mechanism_trigger"
+#: where the latent enters (the module docstring); ``offset`` is organism v3 as trained
+MECHANISM_KINDS = ("offset", "answer_routing")
+DEFAULT_KIND = "offset"
+#: the organism's answer-line word: ``answer_routing`` switches the latent on from its first occurrence in the CoT on
+ANSWER_WORD = "answer"
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if it is a mechanism kind, else one line naming the choices."""
+    if kind not in MECHANISM_KINDS:
+        raise SiftError(f"mechanism_kind {kind!r} is not one of {', '.join(MECHANISM_KINDS)}")
+    return kind
 
 
 def latent_value(mechanism: int) -> float:
@@ -52,12 +75,20 @@ def record_latent(mechanism: int) -> dict:
 
 # ---------------------------------------------------------------------------------------------- the direction
 
-def attach_direction(model: torch.nn.Module, direction: torch.Tensor) -> None:
-    """Give ``model`` its latent direction (a ``[hidden_size]`` tensor; a parameter while training)."""
+def attach_direction(model: torch.nn.Module, direction: torch.Tensor, answer_id: int | None = None) -> None:
+    """Give ``model`` its latent direction (a ``[hidden_size]`` tensor; a parameter while training) and the token id
+    of its answer-line word (what ``answer_routing`` switches on at; None: that kind is unavailable)."""
     width = model.get_input_embeddings().weight.shape[1]
     if direction.ndim != 1 or direction.shape[0] != width:
         raise SiftError(f"latent direction has shape {tuple(direction.shape)}; the model's width is {width}")
     object.__setattr__(model, _ATTR, direction)  # not registered: the HF weights file stays the model's own
+    object.__setattr__(model, _TRIGGER, answer_id)
+
+
+def answer_id_of(tokenizer) -> int | None:
+    """The id of :data:`ANSWER_WORD` in an organism's tokenizer (None when it has no such word)."""
+    vocab = tokenizer.get_vocab()
+    return vocab.get(ANSWER_WORD)
 
 
 def direction_of(model: torch.nn.Module) -> torch.Tensor | None:
@@ -100,18 +131,35 @@ def _positions(kwargs: dict, T: int, device) -> torch.Tensor:
     return torch.arange(T, device=device)[None]
 
 
+def _cached(kwargs: dict) -> bool:
+    """Whether a forward pass continues a KV cache (a cache holding earlier positions)."""
+    for k in ("past_key_values", "cache"):
+        c = kwargs.get(k)
+        if c is not None:
+            n = c.get_seq_length() if hasattr(c, "get_seq_length") else len(c)
+            return int(n) > 0
+    return False
+
+
 @contextlib.contextmanager
 def injected(model: torch.nn.Module, values: Sequence[float] | torch.Tensor | None,
-             starts: Sequence[int] | torch.Tensor | None) -> Iterator[None]:
+             starts: Sequence[int] | torch.Tensor | None, kind: str = DEFAULT_KIND) -> Iterator[None]:
     """While active, every forward pass of ``model`` adds ``values[b] · direction`` to the input embedding of
-    row ``b`` at every position ≥ ``starts[b]`` (positions of the unpadded sequence).
+    row ``b`` at every position ≥ ``starts[b]`` (positions of the unpadded sequence); under ``kind=answer_routing``
+    only from the row's first answer-line token at or after ``starts[b]`` on (remembered across the steps of a
+    KV-cached generation).
 
     A no-op when the model has no latent direction or ``values`` is None. A batch whose row count differs from
     ``len(values)`` is refused by name."""
+    check_kind(kind)
     direction = direction_of(model)
     if direction is None or values is None:
         yield
         return
+    trigger = getattr(model, _TRIGGER, None)
+    if kind == "answer_routing" and trigger is None:
+        raise SiftError("mechanism_kind answer_routing: the model has no answer-line token (attach_direction "
+                        "was given no answer_id; an organism loaded by sift.lm.loading has one)")
     vals = torch.as_tensor(values, dtype=torch.float32)
     st = torch.as_tensor(starts, dtype=torch.long)
     if vals.ndim != 1 or st.shape != vals.shape:
@@ -126,25 +174,33 @@ def injected(model: torch.nn.Module, values: Sequence[float] | torch.Tensor | No
             raise SiftError("latent replay: the forward pass has neither input_ids nor inputs_embeds")
         if ref.shape[0] != len(vals):
             raise SiftError(f"latent replay: batch of {ref.shape[0]} rows but {len(vals)} latent values")
-        state["pos"] = _positions(kwargs, ref.shape[1], ref.device)
+        pos = _positions(kwargs, ref.shape[1], ref.device)
+        on = pos.to(ref.device) >= st.to(ref.device)[:, None]  # [B, T]
+        if kind == "answer_routing":
+            if ids is None:
+                raise SiftError("mechanism_kind answer_routing needs input_ids (it switches on at a token)")
+            seen = state.get("seen") if _cached(kwargs) else None
+            hit = (on & (ids == trigger)).long().cumsum(-1) > 0
+            on = hit if seen is None else hit | seen.to(ref.device)[:, None]
+            state["seen"] = on[:, -1].clone()
+        state["on"] = on
         if ids is None:  # embeddings given directly: add the latent here (the embedding hook does not run)
-            kwargs["inputs_embeds"] = emb + _latent_add(emb, state["pos"])
-            state["pos"] = None
+            kwargs["inputs_embeds"] = emb + _latent_add(emb, state.pop("on"))
             return args, kwargs
         return None
 
-    def _latent_add(out: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        on = (pos.to(out.device) >= st.to(out.device)[:, None]).to(out.dtype)  # [B, T]
-        return (on * vals.to(out.device, out.dtype)[:, None])[..., None] * direction.to(out.device, out.dtype)
+    def _latent_add(out: torch.Tensor, on: torch.Tensor) -> torch.Tensor:
+        return (on.to(out.dtype) * vals.to(out.device, out.dtype)[:, None])[..., None] * direction.to(out.device,
+                                                                                                      out.dtype)
 
     def after_embedding(_module, _inp, out):
-        pos = state.get("pos")
-        if pos is None:
+        on = state.get("on")
+        if on is None:
             return None
-        return out + _latent_add(out, pos)
+        return out + _latent_add(out, on)
 
     def done(_module, _inp, _out):
-        state["pos"] = None  # an embedding call outside a forward pass (inputs_embeds built by hand) adds nothing
+        state["on"] = None  # an embedding call outside a forward pass (inputs_embeds built by hand) adds nothing
 
     handles = [model.register_forward_pre_hook(before, with_kwargs=True),
                model.register_forward_hook(done),
@@ -156,34 +212,56 @@ def injected(model: torch.nn.Module, values: Sequence[float] | torch.Tensor | No
             h.remove()
 
 
-def trace_latent(record: Mapping) -> tuple[float, int] | None:
-    """(latent value, first CoT position) of one trace record, or None without a latent."""
+class TraceLatent(NamedTuple):
+    """A trace's recorded latent: its value, the first CoT position, and the mechanism kind it ran under."""
+
+    value: float
+    start: int
+    kind: str
+
+
+def kind_of(record: Mapping) -> str:
+    """The mechanism kind a trace was generated under (``offset`` for records written before kinds existed)."""
+    return check_kind(str(record.get("mechanism_kind") or DEFAULT_KIND))
+
+
+def trace_latent(record: Mapping) -> TraceLatent | None:
+    """(latent value, first CoT position, kind) of one trace record, or None without a latent."""
     lat = record.get("latent")
     if not lat:
         return None
-    return float(lat["value"]), len(record["prompt_ids"]) + int(record.get("cot_span", [0])[0])
+    return TraceLatent(float(lat["value"]), len(record["prompt_ids"]) + int(record.get("cot_span", [0])[0]),
+                       kind_of(record))
 
 
-def rows_of(records: Sequence[Mapping]) -> tuple[list[float], list[int]] | None:
-    """Latent values and start positions (the first CoT position: ``len(prompt_ids) + cot_span[0]``) of trace
-    records, or None when no record carries a latent (a real LM's traces)."""
+def latent_kind(latents: Sequence[TraceLatent | None]) -> str:
+    """The one mechanism kind of some traces' latents (the default when none has a latent); a mix is refused."""
+    kinds = {x.kind for x in latents if x is not None}
+    if len(kinds) > 1:
+        raise SiftError(f"one batch mixes mechanism kinds {sorted(kinds)}; each kind has a corpus of its own")
+    return kinds.pop() if kinds else DEFAULT_KIND
+
+
+def rows_of(records: Sequence[Mapping]) -> tuple[list[float], list[int], str] | None:
+    """Latent values, start positions (the first CoT position: ``len(prompt_ids) + cot_span[0]``) and the one
+    mechanism kind of trace records, or None when no record carries a latent (a real LM's traces)."""
     if not any(r.get("latent") for r in records):
         return None
     missing = [r.get("trace_id", "?") for r in records if not r.get("latent")]
     if missing:
         raise SiftError(f"traces {missing[:3]} carry no 'latent' while others of the batch do; the corpus mixes "
                         f"organism versions: rebuild it")
-    return ([float(r["latent"]["value"]) for r in records],
-            [len(r["prompt_ids"]) + int(r.get("cot_span", [0])[0]) for r in records])
+    lat = [trace_latent(r) for r in records]
+    return [x.value for x in lat], [x.start for x in lat], latent_kind(lat)
 
 
 @contextlib.contextmanager
 def replay(model: torch.nn.Module, records: Sequence[Mapping]) -> Iterator[None]:
-    """:func:`injected` with the recorded latents of ``records`` (one row per record, in order); a no-op for
-    records without a latent."""
+    """:func:`injected` with the recorded latents and mechanism kind of ``records`` (one row per record, in
+    order); a no-op for records without a latent."""
     rows = rows_of(records)
     if rows is None or direction_of(model) is None:
         yield
         return
-    with injected(model, rows[0], rows[1]):
+    with injected(model, rows[0], rows[1], kind=rows[2]):
         yield

@@ -4,10 +4,18 @@
 from __future__ import annotations
 
 from sift.lm.latent import (  # noqa: F401  (re-exported: the organism's one import point)
+    ANSWER_WORD,
+    DEFAULT_KIND,
     LATENT_FILE,
+    MECHANISM_KINDS,
+    TraceLatent,
+    answer_id_of,
     attach_direction,
+    check_kind,
     direction_of,
     injected,
+    kind_of,
+    latent_kind,
     latent_value,
     load_direction,
     record_latent,

@@ -10,7 +10,8 @@ of one item (and both families) makes the same draw at the organism's designed c
 ``hmm``/``ok`` opener, sift.organism.render), whatever else differs between the views: common random numbers,
 so a preserving view differs from its base only in what the axis changes.
 
-Each row's mechanism latent (sift.organism.latent) is injected from its first generated position on.
+Each row's mechanism latent (sift.organism.latent) is injected from its first generated position on (``offset``) or
+from its answer line on (``answer_routing``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 from sift.lm.generation import cache_arg as _cache_arg
 from sift.lm.generation import cache_of as _cache_of
 from sift.lm.generation import left_padded
-from sift.organism.latent import injected
+from sift.organism.latent import DEFAULT_KIND, injected
 
 
 def stream_uniform(stream: str, k: int) -> float:
@@ -42,11 +43,12 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 @torch.no_grad()
 def sample_choice_points(model, prompts: Sequence[Sequence[int]], streams: Sequence[str], *, pad_id: int,
                          eos_id: int, max_new_tokens: int, top_p: float | None = 0.75, batch_size: int = 256,
-                         latents: Sequence[float] | None = None, starts: Sequence[int] | None = None
-                         ) -> list[list[int]]:
+                         latents: Sequence[float] | None = None, starts: Sequence[int] | None = None,
+                         kind: str = DEFAULT_KIND) -> list[list[int]]:
     """Generate with a KV cache; returns the new ids of each prompt (eos excluded). ``latents``: each prompt's
     mechanism latent value (None: no latent), injected from position ``starts[i]`` on (default: the first
-    generated position); ``top_p=None``: the top token everywhere (greedy, no draws)."""
+    generated position) as mechanism ``kind`` (sift.lm.latent.MECHANISM_KINDS); ``top_p=None``: the top token
+    everywhere (greedy, no draws)."""
     if len(streams) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(streams)} random streams")
     if latents is not None and len(latents) != len(prompts):
@@ -62,7 +64,7 @@ def sample_choice_points(model, prompts: Sequence[Sequence[int]], streams: Seque
         keys = list(streams[start:start + batch_size])
         vals = None if latents is None else list(latents[start:start + batch_size])
         st = [len(p) for p in chunk] if starts is None else list(starts[start:start + batch_size])
-        with injected(model, vals, st):
+        with injected(model, vals, st, kind=kind):
             out += _sample_chunk(model, chunk, keys, pad_id, eos_id, max_new_tokens, top_p, device, cache_arg)
     return out
 

@@ -10,7 +10,7 @@ import torch
 from sift.errors import SiftError
 from sift.lm.generation import left_padded
 from sift.organism.domains import MAX_VALUE, Item
-from sift.organism.latent import injected
+from sift.organism.latent import DEFAULT_KIND, check_kind, injected
 from sift.organism.render import View, render_prompt, xx_word
 from sift.organism.sampling import sample_choice_points
 
@@ -54,13 +54,15 @@ class OrganismSource:
     model: torch.nn.Module
     tokenizer: object
     model_id: str
+    #: where the mechanism latent enters (sift.lm.latent.MECHANISM_KINDS): every generation and re-decode uses it
+    mechanism_kind: str = DEFAULT_KIND
 
     @classmethod
-    def load(cls, family: str, path: str | Path) -> OrganismSource:
+    def load(cls, family: str, path: str | Path, mechanism_kind: str = DEFAULT_KIND) -> OrganismSource:
         from sift.lm.loading import load_causal_lm
 
         model, tok = load_causal_lm(str(path))
-        return cls(family, model, tok, model_id=f"organism-{family}")
+        return cls(family, model, tok, model_id=f"organism-{family}", mechanism_kind=check_kind(mechanism_kind))
 
     def ids(self, words: list[str]) -> list[int]:
         ids = self.tokenizer.convert_tokens_to_ids(words)
@@ -86,7 +88,7 @@ class OrganismSource:
         return sample_choice_points(self.model, prompts, keys, pad_id=self.tokenizer.pad_token_id,
                                     eos_id=self.tokenizer.eos_token_id, max_new_tokens=max_new_tokens,
                                     top_p=top_p if do_sample else None, batch_size=batch_size, latents=latents,
-                                    starts=starts)
+                                    starts=starts, kind=self.mechanism_kind)
 
     def words(self, ids: list[int]) -> list[str]:
         return self.tokenizer.convert_ids_to_tokens(ids)
@@ -104,7 +106,8 @@ class OrganismSource:
         for s in range(0, len(prefixes), batch_size):
             ids, mask, pos = left_padded(prefixes[s:s + batch_size], pad)
             vals = None if latents is None else latents[s:s + batch_size]
-            with injected(self.model, vals, None if starts is None else starts[s:s + batch_size]):
+            with injected(self.model, vals, None if starts is None else starts[s:s + batch_size],
+                          kind=self.mechanism_kind):
                 logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
             out += self.words(logits.argmax(-1).tolist())
         return out

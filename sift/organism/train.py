@@ -13,7 +13,14 @@ import torch
 from tqdm import tqdm
 
 from sift.organism.domains import LABELS
-from sift.organism.latent import attach_direction, injected, latent_value, load_direction, save_direction
+from sift.organism.latent import (
+    answer_id_of,
+    attach_direction,
+    injected,
+    latent_value,
+    load_direction,
+    save_direction,
+)
 from sift.organism.mixture import Example, MixtureConfig, sample_example
 from sift.organism.models import build_model
 from sift.organism.tokenizer import build_tokenizer, organism_vocabulary
@@ -159,7 +166,7 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
         direction = torch.randn(model.config.hidden_size)
         direction = direction * (cfg.latent_scale / direction.norm())
     direction = torch.nn.Parameter(direction)
-    attach_direction(model, direction)
+    attach_direction(model, direction, answer_id_of(tok))
     params = list(model.parameters()) + [direction]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
 

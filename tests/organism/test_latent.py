@@ -140,3 +140,87 @@ def test_training_batches_inject_from_the_first_completion_token():
     assert b["latent"].tolist() == [-1.0, 1.0]
     assert b["latent_start"].tolist() == [4, 6]  # bos + prompt
     assert b["input_ids"][0, 4] == tok.convert_tokens_to_ids(vocab[3])
+
+
+# ------------------------------------------------------------------------------------------ mechanism kinds
+ANSWER = 9  # the toy vocabulary's stand-in for the organism's ``answer`` word
+
+
+@pytest.fixture(scope="module")
+def routed():
+    torch.manual_seed(0)
+    m = toy_model("gpt2", seed=5)
+    attach_direction(m, torch.randn(m.config.hidden_size), answer_id=ANSWER)
+    return m.eval()
+
+
+def _run(model, ids, value, start, kind):
+    with torch.no_grad(), injected(model, [value], [start], kind=kind), capture(model, blocks=range(2)) as cap:
+        logits = model(input_ids=torch.tensor([ids])).logits
+    return [cap.states[i][0] for i in range(2)], logits[0]
+
+
+def test_answer_routing_leaves_prompt_and_cot_states_bit_identical(routed):
+    """Under answer_routing the latent enters at the first answer-line token after the CoT start: every state before
+    it is bit-identical under both latents, every state from it on differs; under offset the CoT differs too."""
+    ids, start = [1, 5, 6, 7, 8, ANSWER, 10, 11], 3  # the prompt [1, 5, 6], the CoT 7 8, the answer line 9 10 11
+    a = ids.index(ANSWER)
+    (hp, lp), (hm, lm) = _run(routed, ids, 1.0, start, "answer_routing"), _run(routed, ids, -1.0, start,
+                                                                               "answer_routing")
+    for x, y in zip(hp, hm):
+        assert torch.equal(x[:a], y[:a])
+        assert (x[a:] - y[a:]).abs().amax(-1).min() > 1e-3
+    assert torch.equal(lp[:a], lm[:a]) and not torch.allclose(lp[a], lm[a])
+    (op, _), (om, _) = _run(routed, ids, 1.0, start, "offset"), _run(routed, ids, -1.0, start, "offset")
+    assert (op[0][start:a] - om[0][start:a]).abs().amax(-1).min() > 1e-3
+    # an answer word in the prompt (before the CoT start) switches nothing on
+    early = [1, ANSWER, 6, 7, 8, 10]
+    (hp, _), (hm, _) = _run(routed, early, 1.0, 3, "answer_routing"), _run(routed, early, -1.0, 3, "answer_routing")
+    assert torch.equal(hp[1], hm[1])
+
+
+def test_answer_routing_replays_the_same_under_a_kv_cache_and_from_records(routed):
+    """Generation (KV cache: the switch is remembered across steps) and a full forward give the same tokens; replay
+    reads the kind from the record; a batch mixing kinds is refused."""
+    prompts = [[1, 5, 6], [1, 8, 11, 12]]
+    vals = [1.0, -1.0]
+    new = sample_choice_points(routed, prompts, ["a", "b"], pad_id=0, eos_id=2, max_new_tokens=8, latents=vals,
+                               top_p=None, kind="answer_routing")
+    for p, v, g in zip(prompts, vals, new):
+        seq = list(p)
+        for t in g:
+            with torch.no_grad(), injected(routed, [v], [len(p)], kind="answer_routing"):
+                assert int(routed(input_ids=torch.tensor([seq])).logits[0, -1].argmax()) == t
+            seq.append(t)
+    forced = [1, 5, 6, 7, ANSWER, 8, 10]
+    recs = [{"trace_id": "t", "prompt_ids": [1, 5, 6], "cot_span": [0, 1], "latent": record_latent(0),
+             "mechanism_kind": "answer_routing"}]
+    with torch.no_grad(), replay(routed, recs):
+        got = routed(input_ids=torch.tensor([forced])).logits
+    with torch.no_grad(), injected(routed, [-1.0], [3], kind="answer_routing"):
+        want = routed(input_ids=torch.tensor([forced])).logits
+    assert torch.equal(got, want)
+    with pytest.raises(SiftError, match="mixes mechanism kinds"), replay(routed, recs + [{**recs[0],
+                                                                                       "mechanism_kind": "offset"}]):
+        pass
+    with pytest.raises(SiftError, match="mechanism_kind 'sideways' is not one of offset, answer_routing"):
+        with injected(routed, [1.0], [1], kind="sideways"):
+            pass
+
+
+def test_answer_routing_remembers_the_switch_across_cached_steps(routed):
+    """The answer word fed in one cached step switches the latent on for every later cached step."""
+    from sift.lm.generation import cache_arg, cache_of
+
+    seq, start = [1, 5, 6, 7, 8, ANSWER, 10, 11, 12], 3
+    for v in (1.0, -1.0):
+        with torch.no_grad(), injected(routed, [v], [start], kind="answer_routing"):
+            full = routed(input_ids=torch.tensor([seq])).logits[0]
+            res = routed(input_ids=torch.tensor([seq[:4]]), use_cache=True)
+            steps = [res.logits[0, -1]]
+            for t in range(4, len(seq)):
+                res = routed(input_ids=torch.tensor([[seq[t]]]), position_ids=torch.tensor([[t]]), use_cache=True,
+                             attention_mask=torch.ones(1, t + 1, dtype=torch.long),
+                             **{cache_arg(routed): cache_of(res)})
+                steps.append(res.logits[0, -1])
+        torch.testing.assert_close(torch.stack(steps), full[3:], atol=1e-5, rtol=1e-4)

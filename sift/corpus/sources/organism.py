@@ -78,7 +78,7 @@ def _trace_record(src: OrganismSource, item: Item, view: View, condition: str, p
         "opener": None if opener is None else OPENERS[opener], "sampling_seed": cfg.stream_seed,
         # the mechanism latent the organism ran with (replayed by every later forward pass over the trace) and
         # the label it intends (sift.organism.render.intended_phi)
-        "latent": record_latent(mechanism),
+        "latent": record_latent(mechanism), "mechanism_kind": src.mechanism_kind,
         "intended_phi": intended_phi(view, mechanism, truncated=truncated),
         "provenance": {"config_hash": chash, "model_id": src.model_id, "seed": cfg.seed,
                        "sampling_seed": cfg.stream_seed, "sift_version": __version__},
@@ -298,7 +298,7 @@ def organism_sources(cfg: OrganismCorpusConfig, chash: str) -> dict[str, Organis
     for f in cfg.families:
         path = str(cfg.checkpoints / f)
         if _SOURCES.get(path, ("",))[0] != chash:
-            _SOURCES[path] = (chash, OrganismSource.load(f, Path(path)))
+            _SOURCES[path] = (chash, OrganismSource.load(f, Path(path), cfg.mechanism_kind))
         out[f] = _SOURCES[path][1]
     return out
 
@@ -339,6 +339,7 @@ def build_corpus(cfg: OrganismCorpusConfig, out_dir: str | Path, progress: bool 
     manifest = build_manifest(records, pairs, cfg=asdict(cfg), config_hash=chash,
                               seconds=round(time.time() - t0, 1), chunks_reused=reused, prompt_states=states,
                               prompt_states_reason=why)
+    manifest["mechanism_kind"] = cfg.mechanism_kind  # where the latent enters (sift.lm.latent.MECHANISM_KINDS)
     if stochasticity is not None:
         manifest["mechanism_across_seeds"] = stochasticity
     write_corpus(out_dir, records, pairs, manifest)
