@@ -35,6 +35,8 @@ class TraceExample:
     # −1 where a step has fewer than K tokens, and each step's segment [S] (0 prompt, 1 CoT, 2 answer)
     token_ids: torch.Tensor | None = None
     token_segment: torch.Tensor | None = None
+    # the final-layer state of each descriptor step [T, d] (the binned CoT tokens; sift_raw, paper Appendix Q)
+    states: torch.Tensor | None = None
 
 
 @dataclass
@@ -57,12 +59,14 @@ class TraceBatch:
     # steps' segments [B, S] long (0 prompt, 1 CoT, 2 answer; −1 on padded steps); datamodules.token_steps
     token_ids: torch.Tensor | None = None
     token_segment: torch.Tensor | None = None
+    # sift_raw's input (None: the DataModule has none): the final-layer state of each step [B, T, d], 0 on padding
+    states: torch.Tensor | None = None
 
     def to(self, device) -> TraceBatch:
         t = {k: getattr(self, k).to(device)
              for k in ("x", "mask", "label", "env", "domain", "model", "pooled", "features")}
         opt = {k: getattr(self, k).to(device) if getattr(self, k) is not None else None
-               for k in ("prompt_pooled", "token_ids", "token_segment")}
+               for k in ("prompt_pooled", "token_ids", "token_segment", "states")}
         return TraceBatch(**t, trace_id=self.trace_id, base_item=self.base_item, text=self.text, **opt)
 
     def __len__(self) -> int:
@@ -90,8 +94,19 @@ def collate(examples: Sequence[TraceExample]) -> TraceBatch:
         prompt_pooled=(torch.stack([e.prompt_pooled for e in examples])
                        if all(e.prompt_pooled is not None for e in examples) else None),
         text=[e.text for e in examples] if any(e.text for e in examples) else [],
+        states=_collate_states(examples, T),
         **_collate_tokens(examples),
     )
+
+
+def _collate_states(examples: Sequence[TraceExample], T: int) -> torch.Tensor | None:
+    """Per-step states right-padded with zeros to ``T`` steps (None unless every example has them)."""
+    if not all(e.states is not None for e in examples):
+        return None
+    out = torch.zeros(len(examples), T, examples[0].states.shape[-1])
+    for i, e in enumerate(examples):
+        out[i, : e.states.shape[0]] = e.states
+    return out
 
 
 def _collate_tokens(examples: Sequence[TraceExample]) -> dict[str, torch.Tensor | None]:

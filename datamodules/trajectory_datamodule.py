@@ -353,12 +353,13 @@ class TrajectoryDataModule(pl.LightningDataModule):
                     raise SiftError(f"{path}: channels {meta['channels']} differ from the manifest's")
                 off = t["bin_offsets"].tolist()
                 mp = self.shape_maps[m]  # onto the common shape (the same tensors where the model has it)
-                desc, pooled = mp.channels(t["desc"]), mp.vectors(t["pooled"])
+                desc, pooled, final = mp.channels(t["desc"]), mp.vectors(t["pooled"]), mp.vectors(t["final"].float())
                 prompt_final = mp.vectors(t["prompt_final"]) if "prompt_final" in t else None
                 for i, tid in enumerate(meta["trace_ids"]):
                     if tid not in self.traces:
                         raise SiftError(f"{path}: trace {tid!r} is not in the corpus's traces.jsonl")
                     self.desc[tid] = {"desc": desc[off[i]:off[i + 1]].clone(),
+                                      "states": final[off[i]:off[i + 1]].clone(),
                                       "n_tokens": int(t["n_tokens"][i]), "pooled": pooled[i].clone(),
                                       "scalars": t["scalars"][i].tolist(),
                                       "prompt_final": prompt_final[i].clone() if prompt_final is not None else None,
@@ -411,7 +412,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
                 pooled=d["pooled"].float(),
                 features=torch.tensor(feats, dtype=torch.float32), trace_id=tid, base_item=tr.base_item,
                 prompt_pooled=d["prompt_final"].float() if d["prompt_final"] is not None else None,
-                text=tr.control_text, token_ids=tok, token_segment=seg))
+                text=tr.control_text, token_ids=tok, token_segment=seg, states=d["states"].float()))
         del self.desc
         if not buckets["train"]:  # nothing to fit: fail here, not inside a detector's first batch
             sm = self.summary

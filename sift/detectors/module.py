@@ -43,7 +43,7 @@ def _subset(b: TraceBatch, idx: torch.Tensor) -> TraceBatch:
     t = {k: getattr(b, k)[idx] for k in _TENSOR_FIELDS}
     il = idx.tolist()
     opt = {k: getattr(b, k)[idx] if getattr(b, k) is not None else None
-           for k in ("prompt_pooled", "token_ids", "token_segment")}
+           for k in ("prompt_pooled", "token_ids", "token_segment", "states")}
     return TraceBatch(**t, trace_id=[b.trace_id[i] for i in il] if b.trace_id else [],
                       base_item=[b.base_item[i] for i in il] if b.base_item else [],
                       text=[b.text[i] for i in il] if b.text else [], **opt)
@@ -82,7 +82,9 @@ def concat_batches(batches: Sequence[TraceBatch]) -> TraceBatch:
         from datamodules.token_steps import pad_token_steps
 
         tok_ids, tok_seg = pad_token_steps([b.token_ids for b in batches], [b.token_segment for b in batches])
-    return TraceBatch(x=torch.cat(xs), mask=torch.cat(ms), **t,
+    st = [b.states for b in batches]
+    states = torch.cat([F.pad(s, (0, 0, 0, T - s.shape[1])) for s in st]) if all(s is not None for s in st) else None
+    return TraceBatch(x=torch.cat(xs), mask=torch.cat(ms), **t, states=states,
                       trace_id=[i for b in batches for i in b.trace_id],
                       base_item=[i for b in batches for i in b.base_item],
                       prompt_pooled=torch.cat(pp) if all(p is not None for p in pp) else None,

@@ -119,7 +119,8 @@ def _capturing(impl: str):
         if cap is None or id(module) not in cap.targets:
             return out
         qs = min(cap.q_start, query.shape[-2] - 1)
-        w = out[1] if impl == "eager" and isinstance(out, tuple) and out[1] is not None else None
+        # the weights the kernel returns, when it returns them (eager, or a knockout wrapping it), else recomputed
+        w = out[1] if isinstance(out, tuple) and len(out) > 1 and out[1] is not None else None
         if w is not None:
             w = w[:, :, qs:]
         else:
@@ -187,6 +188,100 @@ def capture(model, blocks: Sequence[int] = (), attention: Sequence[int] = (), q_
         for h in handles:
             h.remove()
 
+
+
+# ------------------------------------------------------------------------------------------- causal interventions
+
+_KNOCKOUT: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("sift_knockout", default=None)
+#: the prefix of the attention implementation :func:`knockout` registers
+KNOCKOUT_IMPL = "sift_knockout:eager"
+
+
+def _knocking_out(module, query, key, value, attention_mask, *args, **kwargs):
+    """The module's eager attention with the active knockout's (query, key) pairs removed from the softmax."""
+    drop = _KNOCKOUT.get()
+    am = _additive_mask(attention_mask, query, key)
+    if drop is not None:
+        Sq, Sk = query.shape[-2], key.shape[-2]
+        d = drop[:, Sk - Sq:Sk, :Sk].to(query.device)  # the queries of this call (a cached step: the last rows)
+        am = am.masked_fill(d[:, None], torch.finfo(am.dtype).min)
+    kw = {k: v for k, v in kwargs.items() if k != "is_causal"}
+    return _module_eager(module)(module, query, key, value, am, *args, **kw)
+
+
+@contextlib.contextmanager
+def knockout(model, drop: torch.Tensor) -> Iterator[None]:
+    """Every forward call inside the ``with`` runs eager attention in which query position q of row b does not
+    attend to key position k wherever ``drop[b, q, k]`` (``[B, S, S]`` bool, padded positions of the batch as
+    given to the model), in every layer and head; the rest of the row is renormalised by the softmax. Used by the
+    mechanism card (``scripts/mechanism_card.py``) to cut the answer's access to one source."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+
+    if KNOCKOUT_IMPL not in AttentionInterface():
+        AttentionInterface.register(KNOCKOUT_IMPL, _knocking_out)
+        AttentionMaskInterface.register(KNOCKOUT_IMPL, AttentionMaskInterface()["eager"])
+    prev = getattr(text_config(model), "_attn_implementation", None) or "eager"
+    token = _KNOCKOUT.set(drop.bool())
+    model.set_attn_implementation(KNOCKOUT_IMPL)
+    try:
+        yield
+    finally:
+        _KNOCKOUT.reset(token)
+        model.set_attn_implementation(prev)
+
+
+def head_projections(model) -> list[torch.nn.Module]:
+    """Each block's attention output projection, whose input is the heads' outputs side by side
+    (``[B, S, heads · head_dim]``): ``o_proj`` (Llama-style) or ``attn.c_proj`` (GPT-2-style)."""
+    out = []
+    for i, block in enumerate(find_blocks(model)):
+        attn = getattr(block, "self_attn", None) or getattr(block, "attn", None)
+        proj = getattr(attn, "o_proj", None) or getattr(attn, "c_proj", None)
+        if proj is None:
+            raise SiftError(f"{type(model).__name__}: block {i} has no attention output projection (o_proj/c_proj)")
+        out.append(proj)
+    return out
+
+
+@contextlib.contextmanager
+def head_outputs(model, positions: torch.Tensor, patch: dict[tuple[int, int], torch.Tensor] | None = None
+                 ) -> Iterator[dict[tuple[int, int], torch.Tensor]]:
+    """Read, or overwrite, each attention head's output at one position per row (``positions`` ``[B]``, padded
+    coordinates). Yields ``{(layer, head): [B, head_dim]}`` filled by the forward calls inside the ``with``; with
+    ``patch``, those heads' outputs at ``positions`` are replaced by the given tensors instead (activation
+    patching; layers and heads 0-based)."""
+    cfg = text_config(model)
+    H = int(cfg.num_attention_heads)
+    dh = int(cfg.hidden_size) // H
+    got: dict[tuple[int, int], torch.Tensor] = {}
+    handles = []
+
+    def hook(layer: int):
+        def pre(_m, args):
+            x = args[0]
+            rows = torch.arange(x.shape[0], device=x.device)
+            pos = positions.to(x.device)
+            if patch is None:
+                for h in range(H):
+                    got[(layer, h)] = x[rows, pos, h * dh:(h + 1) * dh].detach().clone()
+                return None
+            mine = {h: v for (ly, h), v in patch.items() if ly == layer}
+            if not mine:
+                return None
+            x = x.clone()
+            for h, v in mine.items():
+                x[rows, pos, h * dh:(h + 1) * dh] = v.to(x.dtype).to(x.device)
+            return (x, *args[1:])
+
+        return pre
+
+    for i, proj in enumerate(head_projections(model)):
+        handles.append(proj.register_forward_pre_hook(hook(i)))
+    try:
+        yield got
+    finally:
+        for h in handles:
+            h.remove()
 
 # -------------------------------------------------------------------------------------------------- batch packing
 
