@@ -27,7 +27,8 @@ CUE_PREFIX = "cue/"  #: cue-mention features (biasing-features baseline, Turpin 
 CF_PREFIX = "cf/"  #: intervention-response profile (counterfactual baseline, Lanham et al.)
 BEHAVIOUR_PREFIX = "beh/"  #: behavioural instance features (instance-level baseline)
 INTERNAL_PREFIX = "int/"  #: internal instance features (instance-level baseline)
-FEATURE_PREFIXES = (CUE_PREFIX, CF_PREFIX, BEHAVIOUR_PREFIX, INTERNAL_PREFIX)
+CONFIDENCE_PREFIX = "conf/"  #: the answer's log-probability and top-2 margin (output-confidence control)
+FEATURE_PREFIXES = (CUE_PREFIX, CF_PREFIX, BEHAVIOUR_PREFIX, INTERNAL_PREFIX, CONFIDENCE_PREFIX)
 
 
 def organism_channel_names(n_layers: int = 4) -> list[str]:

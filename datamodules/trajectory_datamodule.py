@@ -363,7 +363,9 @@ class TrajectoryDataModule(pl.LightningDataModule):
                                       "n_tokens": int(t["n_tokens"][i]), "pooled": pooled[i].clone(),
                                       "scalars": t["scalars"][i].tolist(),
                                       "prompt_final": prompt_final[i].clone() if prompt_final is not None else None,
-                                      "answer_logp": float(t["answer_logp"][i]), "profile": t["profile"][i].tolist()}
+                                      "answer_logp": float(t["answer_logp"][i]), "profile": t["profile"][i].tolist(),
+                                      "answer_margin": float(t["answer_margin"][i]) if "answer_margin" in t
+                                      else None}
         missing = [tid for tid in self.traces if tid not in self.desc]
         if missing:
             raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: {len(missing)} traces of the corpus have no cached "
@@ -401,7 +403,8 @@ class TrajectoryDataModule(pl.LightningDataModule):
                 continue
             x = torch.cat([d["desc"][:, :-1], d["e"][:, None], d["desc"][:, -1:]], dim=1)[:, keep_t]
             sc = d["scalars"]
-            feats = F.assemble(tr.text, d["n_tokens"], d["answer_logp"], [sc[0], sc[1], d["ec"], sc[2]], d["profile"])
+            feats = F.assemble(tr.text, d["n_tokens"], d["answer_logp"], [sc[0], sc[1], d["ec"], sc[2]], d["profile"],
+                               d["answer_margin"])
             feats += self.surface_rows[tid]
             p_ids, c_ids, a_ids = tr.token_segments
             tok, seg = token_steps(p_ids, c_ids, a_ids, cot_steps=x.shape[0], prompt_steps=self.token_prompt_steps,

@@ -20,6 +20,7 @@ prompt_final   [n, d] f32      final-layer state of the last prompt token (optio
                                it existed lack it; the prompt-only control then asks for a re-extraction)
 scalars        [n, 3] f32      mean velocity, mean drift, AttnStab
 answer_logp    [n] f32         log P(answer token) in the teacher-forced pass (NaN: no answer)
+answer_margin  [n] f32         top-1 − top-2 log-probability at the position predicting the answer (optional)
 profile        [n, 3K] f32     counterfactual intervention-response profile (``metadata.profile_names``)
 =============  ==============  ==========================================================================
 
@@ -46,9 +47,10 @@ from sift.provenance import content_hash
 FORMAT = "sift-trajectories/1"
 MANIFEST = "trajectories.json"
 SHARD_TENSORS = ("desc", "final", "bin_offsets", "n_tokens", "pooled", "scalars", "answer_logp", "profile")
-OPTIONAL_TENSORS = ("prompt_final",)  # read when present; older shards (same FORMAT) lack them
-#: enters the cache key: bumped when shards gain content (v2: prompt_final), so a rerun recomputes old shards
-CONTENT_VERSION = 2
+OPTIONAL_TENSORS = ("prompt_final", "answer_margin")  # read when present; older shards (same FORMAT) lack them
+#: enters the cache key: bumped when shards gain content (v2: prompt_final; v3: answer_margin, and twins share a
+#: shard and a micro-batch), so a rerun recomputes old shards
+CONTENT_VERSION = 3
 
 
 def safe_name(name: str) -> str:
@@ -67,15 +69,35 @@ def shard_path(out_dir: str | Path, model: str, k: int, key: str) -> Path:
 
 @dataclass
 class CorpusIndex:
-    """Byte offsets of the trace lines of each model (memory: 8 bytes per trace)."""
+    """Byte offsets of the trace lines of each model (memory: 8 bytes per trace), and each trace's twin group (its
+    ``twin`` key, else its trace id)."""
 
     path: Path
     offsets: dict[str, array] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
     max_token: dict[str, int] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
         return sum(len(v) for v in self.offsets.values())
+
+
+def twin_group(record: dict) -> str:
+    """The twin group of a trace: its ``twin`` key (an organism prompt generated under both latents), else its id.
+    Extraction keeps a group in one shard and one micro-batch, so twins with identical ids get bit-identical states
+    wherever the latent leaves them alike (a batch's composition changes float rounding)."""
+    return str(record.get("twin") or record["trace_id"])
+
+
+def group_cuts(groups: list[str], size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cuts of a sequence into runs of about ``size`` items, never splitting a run of equal adjacent
+    ``groups`` (a cut lands at the first group change at or after ``size`` items)."""
+    cuts, start = [], 0
+    for i in range(1, len(groups) + 1):
+        if i == len(groups) or (i - start >= size and groups[i] != groups[i - 1]):
+            cuts.append((start, i))
+            start = i
+    return cuts
 
 
 def index_corpus(traces: str | Path, model_field: str = "family") -> CorpusIndex:
@@ -111,6 +133,7 @@ def index_corpus(traces: str | Path, model_field: str = "family") -> CorpusIndex
             seen[tid] = lineno
             m = str(r[model_field])
             idx.offsets.setdefault(m, array("q")).append(start)
+            idx.groups.setdefault(m, []).append(twin_group(r))
             ids = list(r["prompt_ids"]) + list(r["generated_ids"])
             idx.max_token[m] = max(idx.max_token.get(m, -1), max(ids) if ids else -1)
     if idx.n == 0:

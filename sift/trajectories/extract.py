@@ -176,7 +176,8 @@ class Extractor:
         Returns ``desc`` ``[ΣN, C0]`` and ``final`` ``[ΣN, d]`` (binned steps of all traces, concatenated),
         ``n_bins``/``n_tokens`` ``[B]``, ``pooled`` ``[B, d]``, ``prompt_final`` ``[B, d]`` (block L's output at
         the last prompt token: what the prompt alone gives, for the prompt-only control), ``scalars`` ``[B, 3]``
-        and ``answer_logp`` ``[B]`` (NaN where the trace has no answer token).
+        ``answer_logp`` ``[B]`` and ``answer_margin`` ``[B]`` (the top-2 log-probability margin at the position
+        that predicts the answer; both NaN where the trace has no answer token).
         """
         B = len(records)
         seqs = [list(r["prompt_ids"]) + list(r["generated_ids"]) for r in records]
@@ -243,24 +244,28 @@ class Extractor:
         lp = torch.log_softmax(logits.float(), dim=-1)  # [B, U, V]
         ans_lp = lp[torch.arange(B, device=lp.device), inverse.to(lp.device), a_tok.to(lp.device)]
         ans_lp = torch.where(has_ans.to(lp.device), ans_lp, torch.full_like(ans_lp, float("nan")))
+        top2 = lp[torch.arange(B, device=lp.device), inverse.to(lp.device)].topk(2, dim=-1).values  # [B, 2]
+        margin = torch.where(has_ans.to(lp.device), top2[:, 0] - top2[:, 1], torch.full_like(ans_lp, float("nan")))
         return {
             "desc": desc_b[keep].cpu(), "final": final_b[keep].to(self.state_dtype).cpu(),
             "n_bins": n_bins.cpu(), "n_tokens": T, "pooled": pooled.cpu(), "prompt_final": prompt_final.cpu(),
             "scalars": scalars.cpu(),
-            "answer_logp": ans_lp.cpu(),
+            "answer_logp": ans_lp.cpu(), "answer_margin": margin.cpu(),
         }
 
     @torch.no_grad()
     def extract_many(self, records: Sequence[dict]) -> dict[str, Any]:
-        """:meth:`extract` over micro-batches of ``batch_size`` (length-sorted to limit padding), plus the
-        counterfactual profiles; results in the input order."""
+        """:meth:`extract` over micro-batches of about ``batch_size`` (length-sorted to limit padding; twins, which
+        have the same length, never split), plus the counterfactual profiles; results in the input order."""
+        from sift.trajectories.cache import group_cuts, twin_group
         from sift.trajectories.interventions import intervention_profiles
 
+        groups = [twin_group(r) for r in records]
         order = sorted(range(len(records)),
-                       key=lambda i: len(records[i]["prompt_ids"]) + len(records[i]["generated_ids"]))
+                       key=lambda i: (len(records[i]["prompt_ids"]) + len(records[i]["generated_ids"]), groups[i], i))
         parts = []
-        for s in range(0, len(order), self.cfg.batch_size):
-            chunk = [records[i] for i in order[s:s + self.cfg.batch_size]]
+        for s, e in group_cuts([groups[i] for i in order], self.cfg.batch_size):  # twins share a micro-batch
+            chunk = [records[i] for i in order[s:e]]
             parts.append(self.extract(chunk))
         out = _concat_in_order(parts, order)
         out["profile"] = intervention_profiles(self, records, out["answer_logp"])
@@ -272,7 +277,7 @@ def _concat_in_order(parts: list[dict], order: list[int]) -> dict[str, Any]:
     n_bins = torch.cat([p["n_bins"] for p in parts])
     inv = torch.empty(len(order), dtype=torch.long)
     inv[torch.tensor(order)] = torch.arange(len(order))
-    keys = ("n_tokens", "pooled", "prompt_final", "scalars", "answer_logp")
+    keys = ("n_tokens", "pooled", "prompt_final", "scalars", "answer_logp", "answer_margin")
     out: dict[str, Any] = {k: torch.cat([p[k] for p in parts])[inv] for k in keys}
     out["n_bins"] = n_bins[inv]
     starts = torch.cat([torch.zeros(1, dtype=torch.long), n_bins.cumsum(0)])

@@ -6,6 +6,9 @@
   step counts), the answer equals the CoT's last value, log P(answer) in the teacher-forced pass.
 * ``int/*`` (internal): mean velocity, mean drift, early commitment, attention stability.
 * ``cf/*`` (counterfactual): the intervention-response profile (:mod:`sift.trajectories.interventions`).
+* ``conf/*`` (output confidence; the ``output_confidence`` control): log P(answer) and the top-2 log-probability
+  margin at the position predicting the answer, under the source model — what a probe reading mostly output
+  confidence would read, and nothing else.
 
 Values are raw (not standardised); baselines standardise on the training split.
 """
@@ -20,6 +23,7 @@ from sift.corpus.cue_words import HINT_RE
 CUE_NAMES = ["cue/present", "cue/cot_mentions_hint", "cue/cot_mentions_cue_value", "cue/answer_equals_cue"]
 BEHAVIOURAL_NAMES = ["beh/cot_tokens", "beh/n_steps", "beh/answer_equals_last_value", "beh/answer_logp"]
 INTERNAL_NAMES = ["int/mean_velocity", "int/mean_drift", "int/early_commitment", "int/attention_stability"]
+CONFIDENCE_NAMES = ["conf/answer_logp", "conf/answer_margin"]
 
 _CUE_PHRASES = [r"\bi think the answer is\b", r"\ba stanford professor\b"]  # Turpin et al.-style cues
 _VALUE = re.compile(r"-?\d+|true|false|[a-d]")
@@ -60,18 +64,23 @@ def text_features(record: dict) -> list[float]:
             float(delims + trailing), float(last_eq)]
 
 
+def _finite(v: float | None) -> float:
+    return 0.0 if v is None or math.isnan(v) else float(v)
+
+
 def assemble(text: list[float], n_tokens: int, answer_logp: float, internal: list[float],
-             profile: list[float]) -> list[float]:
-    """One trace's feature vector in the order ``cue/*, beh/*, int/*, cf/*`` (NaN log-prob → 0)."""
-    lp = 0.0 if answer_logp is None or math.isnan(answer_logp) else float(answer_logp)
-    return text[:4] + [float(n_tokens), text[4], text[5], lp] + list(internal) + list(profile)
+             profile: list[float], answer_margin: float | None = None) -> list[float]:
+    """One trace's feature vector in the order ``cue/*, beh/*, int/*, cf/*, conf/*`` (NaN → 0)."""
+    lp = _finite(answer_logp)
+    return (text[:4] + [float(n_tokens), text[4], text[5], lp] + list(internal) + list(profile)
+            + [lp, _finite(answer_margin)])
 
 
 def feature_names(profile_names: list[str]) -> list[str]:
-    return CUE_NAMES + BEHAVIOURAL_NAMES + INTERNAL_NAMES + list(profile_names)
+    return CUE_NAMES + BEHAVIOURAL_NAMES + INTERNAL_NAMES + list(profile_names) + CONFIDENCE_NAMES
 
 
 def feature_groups(names: list[str]) -> dict[str, list[int]]:
-    """Column indices per baseline group: cue, behavioural, internal, counterfactual."""
-    prefix = {"cue": "cue/", "behavioural": "beh/", "internal": "int/", "counterfactual": "cf/"}
+    """Column indices per baseline group: cue, behavioural, internal, counterfactual, confidence."""
+    prefix = {"cue": "cue/", "behavioural": "beh/", "internal": "int/", "counterfactual": "cf/", "confidence": "conf/"}
     return {g: [i for i, n in enumerate(names) if n.startswith(p)] for g, p in prefix.items()}

@@ -146,11 +146,18 @@ def _load(path: str, dtype: str | None):
 
 
 def plan_shards(index: C.CorpusIndex, out_dir: Path, keys: dict[str, str], shard_size: int) -> list[ShardTask]:
+    """Shards of about ``shard_size`` traces per model, in corpus order with each twin group gathered at its first
+    trace and never split across shards (:func:`sift.trajectories.cache.group_cuts`)."""
     tasks = []
     for m in sorted(index.offsets):
-        offs = index.offsets[m]
-        for k, s in enumerate(range(0, len(offs), shard_size)):
-            tasks.append(ShardTask(m, k, offs[s:s + shard_size], str(C.shard_path(out_dir, m, k, keys[m])), keys[m]))
+        offs, groups = index.offsets[m], index.groups[m]
+        first: dict[str, int] = {}
+        for i, g in enumerate(groups):
+            first.setdefault(g, i)
+        order = sorted(range(len(offs)), key=lambda i: (first[groups[i]], i))
+        for k, (s, e) in enumerate(C.group_cuts([groups[i] for i in order], shard_size)):
+            part = array("q", (offs[i] for i in order[s:e]))
+            tasks.append(ShardTask(m, k, part, str(C.shard_path(out_dir, m, k, keys[m])), keys[m]))
     return tasks
 
 

@@ -163,3 +163,16 @@ def test_weights_in_another_dtype_are_another_cache_entry(setup, tmp_path):
     assert all(bf16["models"][m]["key"] != man["models"][m]["key"] for m in man["models"])
     extract_corpus(corpus, work, models, ExtractConfig(**CFG), dtype="float32")
     assert extract_corpus.last_run["computed"] == []  # the float32 shards are still there, still valid
+
+
+def test_group_cuts_never_split_a_twin_group():
+    from sift.trajectories.cache import group_cuts
+
+    assert group_cuts(["a", "a", "b", "b", "c"], 3) == [(0, 4), (4, 5)]  # the cut waits for the group change
+    assert group_cuts(["a", "b", "c", "d"], 2) == [(0, 2), (2, 4)]
+    assert group_cuts(["a", "a", "a"], 1) == [(0, 3)]
+    assert group_cuts([], 4) == []
+    g = [str(i // 2) for i in range(23)]  # pairs
+    cuts = group_cuts(g, 5)
+    assert cuts[0][0] == 0 and cuts[-1][1] == 23 and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    assert all(g[s - 1] != g[s] for s, _ in cuts[1:])
