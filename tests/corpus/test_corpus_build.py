@@ -55,11 +55,16 @@ def test_labels_follow_the_interventions(small_corpus):
 
 def test_the_latent_decides_the_label_and_every_prompt_has_twins(small_corpus):
     """Every base and preserving prompt is generated under both mechanism latents (twins sharing the random
-    stream); the verified label is the one the latent intends; twins write the same ids, so they form the matched
-    slice, and there the text is distributed alike under both labels: any function of the text (here the exact
-    text itself, the strongest possible memoriser) has AUROC 0.5."""
-    from sift.metrics.classification import auroc_kernel
+    stream) and the verified label is the one the latent intends. Measured on the traces themselves, not on the
+    corpus's slice flags: the share of base/preserving twins that wrote the same prompt and generated ids, and,
+    over every twin pair whose labels differ, the AUROC of the strongest function of the text, the in-sample
+    P(φ* = 1 | text) (no text-only score ranks these traces better).
 
+    By hand: n opposite-label pairs, s of them with the same text. A text group holding only identical twins
+    has as many φ* = 1 as φ* = 0 traces, so its score is ½; a pair whose twins wrote different texts can get
+    1 and 0. With q = s/n that gives AUROC = (s²·½ + 2sd + d²)/n² = 1 − q²/2 (d = n − s) when the groups are the
+    pairs: ½ iff every opposite-label twin wrote the same ids, which is what the organism's twins are built
+    (and trained) to do."""
     _, out, manifest = small_corpus
     traces = [json.loads(line) for line in (out / "traces.jsonl").read_text().splitlines()]
     twins: dict = {}
@@ -72,20 +77,33 @@ def test_the_latent_decides_the_label_and_every_prompt_has_twins(small_corpus):
     for key, pair in twins.items():
         if key.split("|")[2] in kinds:
             assert set(pair) == {0, 1}, key  # both mechanisms on every base and preserving prompt
+    pairs = [(pair[1], pair[0]) for key, pair in twins.items() if key.split("|")[2] in kinds]
+    assert len(pairs) == manifest["twins"]["pairs"] == sum(t["condition"] in kinds for t in traces) / 2
     labelled = [t for t in traces if t["phi"] is not None]
     assert sum(t["phi"] == t["intended_phi"] for t in labelled) >= 0.95 * len(labelled)
+    same = [a["prompt_ids"] == b["prompt_ids"] and a["generated_ids"] == b["generated_ids"] for a, b in pairs]
+    opposite = [t for a, b in pairs if a["phi"] is not None and b["phi"] is not None and a["phi"] != b["phi"]
+                for t in (a, b)]
+    assert len(opposite) >= 0.95 * 2 * len(pairs)
+    text = [(tuple(t["prompt_ids"]), tuple(t["generated_ids"])) for t in opposite]
+    phi = np.array([t["phi"] for t in opposite])
+    by_text: dict = {}
+    for k, y in zip(text, phi):
+        by_text.setdefault(k, []).append(y)
+    score = np.array([np.mean(by_text[k]) for k in text])  # in-sample P(φ* = 1 | text)
+    pos, neg = score[phi == 1], score[phi == 0]
+    auroc = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (pos.size * neg.size)
+    assert auroc == 0.5, f"a text-only score separates the twins: AUROC {auroc:.4f}, same ids {np.mean(same):.4f}"
+    assert np.mean(same) >= 0.95 and round(float(np.mean(same)), 4) == manifest["twins"]["identical_ids"]
+    # the corpus's slice flags agree: a base/preserving trace is in the matched slice iff its twin wrote the same
+    # ids and both are labelled
+    flag = {t: s and a["phi"] is not None and b["phi"] is not None for (a, b), s in zip(pairs, same)
+            for t in (a["trace_id"], b["trace_id"])}
+    assert all(t["matched_slice"] == flag[t["trace_id"]] for t in traces if t["condition"] in kinds)
     sl = [t for t in labelled if t["matched_slice"]]
-    bp = [t for t in labelled if t["condition"] in kinds]
-    assert len(sl) >= 0.95 * len(bp)
     assert {t["phi"] for t in sl if t["cue"] is None} == {0, 1} and {t["phi"] for t in sl if t["cue"]} == {0, 1}
-    opposite = [t for t in sl if {u["phi"] for u in twins[t["twin"]].values()} == {0, 1}]
-    assert len(opposite) >= 0.95 * len(sl)
-    text: dict = {}
-    score = [float(text.setdefault((tuple(t["prompt_ids"]), tuple(t["generated_ids"])), len(text))) for t in opposite]
-    assert auroc_kernel(np.array(score), np.array([t["phi"] for t in opposite])) == pytest.approx(0.5, abs=1e-12)
     epi = [t for t in sl if t["cue"] is None and t["phi"] == 0]
     assert epi and all("not load-bearing" in t["verification"]["reason"] and t["correct"] for t in epi)
-    assert manifest["twins"]["identical_ids"] >= 0.95
 
 
 def test_rerun_reuses_every_chunk(small_corpus):

@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from sift.config import compose
 from sift.detectors.registry import DetectorEntry, detector_entries, reference_detector
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
+from ev_toy import main_row_by_hand  # noqa: E402
 
 MODULE = '''
 """A linear probe on the pooled final-layer state, trained by the configured optimizer (one file)."""
@@ -81,10 +85,13 @@ def test_a_new_detector_is_registered_trained_and_reported(new_detector):
     assert [s.key for s in plan_runs(cfg)] == ["main/hidden_probe/seed0", "main/pooled_linear/seed0"]
     run_faithshift(cfg)
     record = json.loads((out / "runs" / "main" / "pooled_linear" / "seed0" / "results.json").read_text())
-    assert record["status"] == "done" and record["global_step"] > 0 and 0 <= record["metrics"]["val/auroc"] <= 1
+    assert record["status"] == "done" and record["global_step"] > 0
     results = json.loads((out / "report" / "results.json").read_text())
-    auroc = results["main_table"]["detectors"]["pooled_linear"]["in_dist_auroc"]
-    assert 0 <= auroc["estimate"] <= 1 and auroc["low"] <= auroc["estimate"] <= auroc["high"]
+    row = results["main_table"]["detectors"]["pooled_linear"]
+    # the new detector's row is computed from its own prediction file like every other row
+    auroc, ivr = main_row_by_hand(out, "pooled_linear", (0,))
+    assert (row["in_dist_auroc"]["estimate"], row["ivr"]["estimate"]) == pytest.approx((auroc, ivr), abs=1e-12)
+    assert row["in_dist_auroc"]["low"] <= auroc <= row["in_dist_auroc"]["high"]
     assert "pooled_linear" in (out / "report" / "report.md").read_text()
 
 
@@ -95,9 +102,6 @@ FACTORIAL_CONFIG = CONFIG.replace("registry:\n  cost: 2\n", "objective:\n  use_i
 def test_a_new_detector_marked_factorial_gets_its_own_factorial_analysis(new_detector, tmp_path):
     """registry.factorial on a new detector: the main job trains its ERM cell and the report runs the factorial
     analysis for it against the reference detector, next to the shipped design."""
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
     import ev_toy as toy
 
     from sift.evaluation.faithshift_report import _appendix_one, appendix_jobs

@@ -79,3 +79,41 @@ def betting_reference(n_sel, n_err, scale, delta, tune_at, cap=0.95):
         if best >= 1 / delta:
             return r
     return 1.0
+
+
+def auroc_by_pairs(score, label) -> float:
+    """P(score of a label-1 trace > score of a label-0 trace) + ½ P(tie), over all such pairs (written out)."""
+    s, y = np.asarray(score, float), np.asarray(label).astype(int)
+    d = s[y == 1][:, None] - s[y == 0][None, :]
+    return float(((d > 0).sum() + 0.5 * (d == 0).sum()) / d.size)
+
+
+def main_row_by_hand(job, detector: str, seeds) -> tuple[float, float]:
+    """A main-table row's in-distribution AUROC and IVR recomputed from a main job's files alone: per seed, the
+    AUROC of ``runs/main/<detector>/seed<s>/predictions/test.npz`` (labels checked against the corpus's φ*) and
+    the IVR, the macro mean over preserving axes of the share of the corpus's verified preserving pairs (both
+    traces in the file) whose verdicts (prob ≥ the file's frozen threshold) differ; then the mean over seeds."""
+    import json
+    from pathlib import Path
+
+    def lines(name: str) -> list[dict]:
+        return [json.loads(x) for x in (Path(job) / "corpus" / name).read_text().splitlines() if x.strip()]
+
+    job = Path(job)
+    phi = {t["trace_id"]: t["phi"] for t in lines("traces.jsonl")}
+    pres = [p for p in lines("pairs.jsonl") if p["verified"] and p["kind"] == "preserving"]
+    aurocs, ivrs = [], []
+    for s in seeds:
+        with np.load(job / "runs" / "main" / detector / f"seed{s}" / "predictions" / "test.npz") as z:
+            thr = float(json.loads(str(z["header"]))["threshold"])
+            ids, prob, label = z["trace_id"].astype(str).tolist(), z["prob"].astype(float), z["label"].astype(int)
+        assert label.tolist() == [phi[t] for t in ids]
+        aurocs.append(auroc_by_pairs(prob, label))
+        verdict = {t: p >= thr for t, p in zip(ids, prob.tolist())}
+        flips: dict[str, list[bool]] = {}
+        for p in pres:
+            if p["source"] in verdict and p["shifted"] in verdict:
+                flips.setdefault(p["axis"], []).append(verdict[p["source"]] != verdict[p["shifted"]])
+        assert flips, f"{detector} seed {s}: no preserving pair in the test split"
+        ivrs.append(float(np.mean([np.mean(v) for v in flips.values()])))
+    return float(np.mean(aurocs)), float(np.mean(ivrs))

@@ -224,11 +224,29 @@ def test_label_noise_flipping_every_label():
 
 
 def test_label_noise_rank_ordering():
-    runs = {"good": [preds("g", 0)], "bad": [preds("b", 0, violate=(0, 1, 2), alt_miss=(0,))]}
-    sec = label_noise_sensitivity(runs, toy_pairs(), None, noise_rates=(0.0, 0.1), n_draws=3, n_resamples=3)
+    """Three detectors whose full-coverage MFS = HM(1 − IVR, AS) is known at ε = 0 and at ε = 1 (every label
+    flipped, so no draw is random). None violates a preserving pair (IVR = 0 at both ε: the pair set is fixed);
+    each altering pair is base → cue-injected with labels 1 → 0, and 0 → 1 once every label is flipped:
+      "mover"    verdicts 1 → 0 on all four pairs: AS 1 → 0,   MFS 1 → 0;
+      "reverser" verdicts 0 → 1 on all four pairs: AS 0 → 1,   MFS 0 → 1;
+      "half"     1 → 0 on items 0, 1 and 0 → 1 on 2, 3: AS ½ at both ε, MFS = 2·1·½/(1 + ½) = 2/3.
+    Clean ranking mover > half > reverser; at ε = 1 reverser > half > mover, every pair of detectors swapped, so
+    Kendall τ = −1 and the ranking is preserved only up to ε = 0."""
+    def probs(up):  # per item: base, paraphrase, cue-injected; ``up`` items judged 0, 0, 1 instead of 1, 1, 0
+        return [p for k in range(4) for p in ((0.1, 0.1, 0.9) if k in up else (0.9, 0.9, 0.1))]
+
+    runs = {"mover": [preds("m", 0, prob=probs(()))], "reverser": [preds("r", 0, prob=probs((0, 1, 2, 3)))],
+            "half": [preds("h", 0, prob=probs((2, 3)))]}
+    sec = label_noise_sensitivity(runs, toy_pairs(), None, noise_rates=(0.0, 1.0), n_draws=2, n_resamples=3)
+    c = sec.results["curves"]
+    mfs = {n: [x["estimate"] for x in c[n]["mfs"]] for n in runs}
+    assert mfs["mover"] == [1.0, 0.0] and mfs["reverser"] == [0.0, 1.0]
+    assert mfs["half"] == pytest.approx([2 / 3, 2 / 3])
+    assert all(x["estimate"] == 0.0 for n in runs for x in c[n]["ivr"])
     rk = sec.results["ranking"]["mfs"]
-    assert rk["clean_ranking"] == ["good", "bad"]
-    assert rk["kendall_tau"][0] == pytest.approx(1.0)
+    assert rk["clean_ranking"] == ["mover", "half", "reverser"]
+    assert rk["kendall_tau"] == pytest.approx([1.0, -1.0])
+    assert rk["ranking_preserved_up_to"] == 0.0
 
 
 # ------------------------------------------------------------------------------------------- theorem bound

@@ -47,6 +47,28 @@ def test_bootstrap_keeps_groups_whole():
     assert any(Counter(groups[idx])["a"] == 6 for idx in calls[1:])  # a group drawn twice
 
 
+def test_cluster_bootstrap_ci_pinned_on_a_hand_case():
+    """Three items a = (1, 0), b = (1), c = (0, 0, 0); the statistic is the mean over the drawn rows.
+
+    The engine draws, per replicate, as many item codes as there are items (a = 0, b = 1, c = 2, sorted) with
+    ``default_rng(seed).integers(0, 3, size=3)``. With seed 2 the five draws, their rows and their means:
+      (c, a, a): 0 0 0 1 0 1 0 → 2/7      (a, b, c): 1 0 1 0 0 0   → 1/3      (b, a, b): 1 1 0 1 → 3/4
+      (b, c, c): 1 0 0 0 0 0 0 → 1/7      (c, a, c): 0 0 0 1 0 0 0 0 → 1/8
+    (a mean of item means would give 1/3, 1/2, 5/6, 1/3, 1/6 instead). Sorted: 1/8, 1/7, 2/7, 1/3, 3/4. The
+    95 % percentile interval interpolates linearly between order statistics at positions 0.025·4 = 0.1 and
+    0.975·4 = 3.9: low = 1/8 + 0.1·(1/7 − 1/8) = 71/560, high = 1/3 + 0.9·(3/4 − 1/3) = 17/24."""
+    groups = np.array(["a", "a", "b", "c", "c", "c"])
+    x = np.array([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    rng = np.random.default_rng(2)  # the generator's draws, as listed above
+    assert [rng.integers(0, 3, size=3).tolist() for _ in range(5)] == [[2, 0, 0], [0, 1, 2], [1, 0, 1], [1, 2, 2],
+                                                                         [2, 0, 2]]
+    res = cluster_bootstrap(lambda idx: float(x[idx].mean()), groups, n_resamples=5, seed=2, keep_replicates=True)
+    np.testing.assert_allclose(res.replicates, [2 / 7, 1 / 3, 3 / 4, 1 / 7, 1 / 8], rtol=1e-12)
+    assert res.estimate == pytest.approx(1 / 3)
+    assert res.low == pytest.approx(71 / 560, abs=1e-12) and res.high == pytest.approx(17 / 24, abs=1e-12)
+    assert res.n_nan == 0
+
+
 def test_bootstrap_nan_replicates_dropped_and_counted():
     groups = np.array([0, 1, 2, 3])
     x = np.array([1.0, 2.0, 3.0, 4.0])

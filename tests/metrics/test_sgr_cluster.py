@@ -58,6 +58,45 @@ def test_bound_matches_a_loop_reference_with_errors():
     assert got > sum(n_err) / sum(n_sel)  # above the point estimate 7/42
 
 
+def test_uncapped_plug_in_bets_and_the_bound_they_give_by_hand():
+    """Every bet below the cap, each worked out by hand, and U solved in closed form.
+
+    64 items in processing order, M = 2, δ = 0.1 (L = ln 10), bets tuned at t = 0.5: item 1 has 2 selected
+    traces and no error, item 2 one trace, wrong; item 3 two traces, no error; items 4..64 abstain (N = 0, so
+    D = 0 and they never move the capital). D_i(r) = (r·N_i − E_i)/((1 − r)·2), so with x = r/(1 − r):
+    D_1(r) = D_3(r) = x and D_2(r) = −½ for every r; at t = ½ (x = 1): D(t) = (1, −½, 1, 0, ...).
+
+    Bets λ_i = sqrt(2L / (m·σ²_{i−1})), σ²_{i−1} = (¼ + Σ_{j<i} (D_j(t) − mean)²) / i:
+      λ_1: nothing seen, σ² = ¼                                → sqrt(2L/16)        = sqrt(L/8)  = 0.536491
+      λ_2: seen (1),   deviations 0, σ² = ¼/2 = 1/8            → sqrt(2L/8)         = sqrt(L/4)  = 0.758713
+      λ_3: seen (1, −½), mean ¼, Σ dev² = 9/16·2 = 9/8, σ² = (¼ + 9/8)/3 = 11/24
+                                                               → sqrt(2L·24/(64·11)) = sqrt(3L/44) = 0.396226
+    all below the cap 0.95. The capital: K_1 = 1 + λ_1x, K_2 = K_1(1 − λ_2/2) < K_1, K_3 = K_2(1 + λ_3x), and
+    K_k = K_3 after. U is the smallest r where K_1 or K_3 reaches 1/δ = 10:
+      K_1 = 10 at x = 9/λ_1 = 16.776;
+      K_3 = 10: λ_1λ_3·x² + (λ_1 + λ_3)·x + 1 − 10/(1 − λ_2/2) = 0 → x = 6.5185 (first): U = x/(1 + x) = 0.86700.
+    """
+    from sift.metrics.betting import margins, plugin_bets
+
+    m, L = 64, math.log(10.0)
+    n = np.zeros((1, m))
+    e = np.zeros((1, m))
+    n[0, :3], e[0, :3] = (2, 1, 2), (0, 1, 0)
+    lam = np.array([math.sqrt(L / 8), math.sqrt(L / 4), math.sqrt(3 * L / 44)])
+    np.testing.assert_allclose(lam, [0.536491, 0.758713, 0.396226], atol=1e-6)
+    bets = plugin_bets(margins(n, e, 2.0, 0.5), 0.1)[0]
+    np.testing.assert_allclose(bets[:3], lam, rtol=1e-12)
+    assert bets[:3].max() < BET_CAP  # the uncapped branch
+    k2 = 1 - lam[1] / 2
+    x3 = max(np.roots([lam[0] * lam[2], lam[0] + lam[2], 1 - 10 / k2]).real)  # K_3 = 10
+    x1 = 9 / lam[0]  # K_1 = 10
+    assert x3 < x1  # the capital after item 3 reaches 1/δ first
+    u_hand = x3 / (1 + x3)
+    assert u_hand == pytest.approx(0.86700, abs=1e-5)
+    u, ok = betting_bounds(n, e, 0.1, 2.0, 0.5)
+    assert u[0] == pytest.approx(u_hand, abs=1e-9) and not ok[0]  # 0.867 > t: not certified at 0.5
+
+
 def test_certified_iff_bound_at_most_alpha_and_monotone_in_the_errors():
     n = np.array([[10, 10, 10, 10, 10, 10, 10, 10, 10, 10]] * 3, float)
     e = np.array([[0] * 10, [1] * 10, [3] * 10], float)
