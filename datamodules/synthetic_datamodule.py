@@ -53,6 +53,7 @@ FEATURE_NAMES = [
     "cf/edit_moves_answer", "cf/truncation_moves_answer", "cf/answer_logit_shift",
     "beh/n_steps", "beh/answer_confidence",
     "int/ec_max_early", "int/as_mean", "int/velocity_mean",
+    "conf/answer_logp", "conf/answer_margin",  # functions of beh/answer_confidence (no draw of their own)
 ]
 
 
@@ -161,6 +162,8 @@ class SyntheticDataModule(pl.LightningDataModule):
             float(T), rng.normal(0.2 * (2 * y - 1), 1.0),
             float(x[: max(1, T // 3), ec].max()), float(x[:, a_s].mean()), float(x[:, 0].mean()),
         ]
+        conf = feats[7]  # the answer's confidence: log-sigmoid as its log-probability, |·| as its top-2 margin
+        feats += [-float(np.logaddexp(0.0, -conf)), abs(conf)]
         return TraceExample(x=torch.from_numpy(x), label=y, env=env, domain=domain, model=0,
                             pooled=torch.tensor(pooled, dtype=torch.float32),
                             features=torch.tensor(feats, dtype=torch.float32),

@@ -1,6 +1,6 @@
 """List every call in sift's code that could run code from a file it reads (issue 46).
 
-    python scripts/scan_unsafe_loaders.py            # scans sift/ datamodules/ scripts/ hydra_plugins/; exit 1 on a find
+    python scripts/scan_unsafe_loaders.py      # scans sift/ datamodules/ scripts/ hydra_plugins/; exit 1 on a find
 
 A static scan of the syntax tree, with import aliases resolved (``import pickle as p``, ``from torch import load``):
 

@@ -656,8 +656,8 @@ class _OrganismChains:
         lats = [st["p"].latent for st, _ in jobs]  # the trace's latent from its first CoT position on
         return self.src.generate([st["p"].ids[:st["p"].n_prompt] + self.src.ids(job[4]) for st, job in jobs],
                                  max_new_tokens=self.max_new_tokens,
-                                 **({} if None in lats else {"latents": [v for v, _ in lats],
-                                                             "starts": [st for _, st in lats]}))
+                                 **({} if None in lats else {"latents": [x.value for x in lats],
+                                                             "starts": [x.start for x in lats]}))
 
     def score(self, st: dict, job: tuple, g: list[int]) -> EDCTStepRecord:
         from sift.companion import edct

@@ -88,6 +88,16 @@ class _Organism:
                             "(a job's corpus/, or one built with sift-corpus); it builds none")
         return Path(d)
 
+    def mechanism_kind(self) -> str:
+        """Where the organism corpus's latent enters (its manifest's ``mechanism_kind``; ``offset`` before kinds)."""
+        import json
+
+        from sift.lm.latent import DEFAULT_KIND, check_kind
+
+        man = self.corpus() / "manifest.json"
+        kind = json.loads(man.read_text()).get("mechanism_kind") if man.exists() else None
+        return check_kind(kind or DEFAULT_KIND)
+
     @property
     def lm(self) -> bool:
         """Whether the corpus was built from real LMs (``sift-corpus source=hf``)."""
@@ -131,7 +141,7 @@ class _Organism:
             path = self.checkpoint_dir() / family
             if not (path / "config.json").exists():
                 raise SiftError(f"{path}: no organism checkpoint (companion.data.checkpoint_dir)")
-            self._src[family] = OrganismSource.load(family, path)
+            self._src[family] = OrganismSource.load(family, path, self.mechanism_kind())
             self._scorer[family] = OrganismScorer(self._src[family])
         return self._src[family], self._scorer[family]
 

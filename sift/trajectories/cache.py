@@ -257,7 +257,9 @@ def read_shard(path: str | Path,
             if k in meta and meta[k] != v:
                 raise SiftError(f"{path}: shard records {k}={meta[k]} but the trajectory manifest records {v}; "
                                 f"the shard belongs to another model")
-    for k in ("desc", "final", "pooled", "scalars", "profile", *[o for o in OPTIONAL_TENSORS if o in t]):
+    # answer_logp and answer_margin are NaN where a trace has no answer (by definition, not a fault)
+    for k in ("desc", "final", "pooled", "scalars", "profile", *[o for o in OPTIONAL_TENSORS if o in t
+                                                                 and o != "answer_margin"]):
         if not torch.isfinite(t[k].float()).all():
             raise SiftError(f"{path}: non-finite values (NaN/inf) in tensor {k!r}; rerun sift-extract to recompute "
                             f"this shard (it is never reused)")

@@ -35,9 +35,10 @@ def _cfg(root, out, *extra):
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["detector=sift_raw", "data=trajectory", f"data.trajectory_dir={root / 'traj'}",
-                                          f"paths.output_dir={out}", "logger=none", "trainer.max_epochs=3",
-                                          "trainer.enable_progress_bar=false", *SMALL, *extra])
+        cfg = compose("train", overrides=["detector=sift_raw", "data=trajectory",
+                                          f"data.trajectory_dir={root / 'traj'}", f"paths.output_dir={out}",
+                                          "logger=none", "trainer.max_epochs=3", "trainer.enable_progress_bar=false",
+                                          *SMALL, *extra])
     GlobalHydra.instance().clear()
     return cfg
 

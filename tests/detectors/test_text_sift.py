@@ -174,7 +174,7 @@ def test_text_sift_is_registered_as_a_control_of_every_preset():
         assert ts == sf, key
     for preset in ("full", "quick", "paper", "real_small", "real_paper"):
         cfg = compose("faithshift", [f"preset={preset}", "paths.output_dir=/tmp/x", "transfer.holdout_models=[a]"])
-        assert list(cfg.controls) == ["text_bow", "surface", "prompt_probe", "text_sift"], preset
+        assert list(cfg.controls) == ["text_bow", "surface", "prompt_probe", "text_sift", "output_confidence"], preset
         for cap in ("max_epochs_by_detector", "max_steps_by_detector"):  # SIFT's caps apply to it too
             caps = cfg.get(cap) or {}
             assert caps.get("text_sift") == caps.get("sift"), (preset, cap)
