@@ -20,6 +20,12 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
              "the CoT is not read (epiphenomenal, φ*=0). A decisive cue is always followed; a CoT that states the "
              "cue (`explain`) is read either way. Which mechanism ran shows only under intervention "
              "(docs/organism.md).", "",
+             "**Mechanism kinds** (`source.mechanism_kind`, docs/organism.md): the same weights run as `offset` "
+             "(the latent from the first CoT position on, as trained) or `answer_routing` (the latent from the "
+             "answer line on: the prompt's and the CoT's states are bit-identical under both latents). Every trace "
+             "and corpus manifest records its kind. On these weights the decision is made at the answer line, by "
+             "heads that switch between the CoT's result and the cue: `MECHANISM_CARD.md` beside this file "
+             "(`python scripts/mechanism_card.py`).", "",
              f"Both families train in parallel (one CPU core each). Measured wall time of "
              f"`scripts/train_organism.py`: **{wall_seconds / 60:.1f} minutes** in all "
              f"(stages: {', '.join(f'{w / 60:.1f}' for w in stage_walls)} min; training, saving and evaluation; "
