@@ -9,18 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from sift.trajectories.extract import ExtractConfig, answer_index
-from sift.trajectories.predict import extract_corpus
-from sift.trajectories.toy import save_toy_models, write_toy_corpus
+from sift.trajectories.extract import answer_index
 
 
 @pytest.fixture(scope="module")
-def traj(tmp_path_factory):
-    root = tmp_path_factory.mktemp("confidence")
-    write_toy_corpus(root / "corpus", n_items=24)
-    models = save_toy_models(root / "models")
-    extract_corpus(root / "corpus", root / "traj", models, ExtractConfig(shard_size=64, batch_size=32, t_max=12))
-    return root, models
+def traj(toy_trajectories):
+    return toy_trajectories
 
 
 def test_confidence_features_are_the_answers_logp_and_top2_margin(traj):
@@ -54,24 +48,14 @@ def test_confidence_features_are_the_answers_logp_and_top2_margin(traj):
     assert checked == 10
 
 
-def test_output_confidence_control_reads_only_its_features(traj, tmp_path):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
+def test_output_confidence_control_reads_only_its_features(traj, trajectory_cfg, tmp_path):
     from datamodules.trajectory_datamodule import TrajectoryDataModule
-    from sift.cli._common import CONFIG_DIR
     from sift.detectors.module import load_detector
     from sift.detectors.registry import is_control
     from sift.training import train
 
     root, _ = traj
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["detector=output_confidence", "data=trajectory",
-                                          f"data.trajectory_dir={root / 'traj'}", f"paths.output_dir={tmp_path}",
-                                          "logger=none", "trainer.max_epochs=2", "trainer.enable_progress_bar=false"])
-    GlobalHydra.instance().clear()
-    rec = train(cfg)
+    rec = train(trajectory_cfg(root, "output_confidence", tmp_path, "trainer.max_epochs=2"))
     assert rec["status"] == "done" and np.isfinite(rec["metrics"]["test/auroc"])
     assert is_control("output_confidence")
     det = load_detector(rec["best_ckpt"]).eval()

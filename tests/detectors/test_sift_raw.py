@@ -9,38 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from sift.trajectories.extract import ExtractConfig
-from sift.trajectories.predict import extract_corpus
-from sift.trajectories.toy import save_toy_models, write_toy_corpus
-
 SMALL = ["detector.net.filters=8", "detector.net.d_model=16", "detector.net.n_layers=1", "detector.net.n_heads=2",
          "detector.net.dim_feedforward=32", "detector.net.mlp_hidden=16", "detector.projection.dim=8",
          "detector.objective.dann_hidden=16", "detector.early_stopping.min_steps=0"]
 
 
 @pytest.fixture(scope="module")
-def traj(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sift_raw")
-    write_toy_corpus(root / "corpus", n_items=24)
-    extract_corpus(root / "corpus", root / "traj", save_toy_models(root / "models"),
-                   ExtractConfig(shard_size=64, batch_size=32, t_max=12))
-    return root
-
-
-def _cfg(root, out, *extra):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from sift.cli._common import CONFIG_DIR
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=["detector=sift_raw", "data=trajectory",
-                                          f"data.trajectory_dir={root / 'traj'}", f"paths.output_dir={out}",
-                                          "logger=none", "trainer.max_epochs=3", "trainer.enable_progress_bar=false",
-                                          *SMALL, *extra])
-    GlobalHydra.instance().clear()
-    return cfg
+def traj(toy_trajectories):
+    return toy_trajectories[0]
 
 
 def test_batches_carry_each_steps_final_layer_state(traj):
@@ -72,12 +48,12 @@ def test_batches_carry_each_steps_final_layer_state(traj):
     assert float(b.states[1, 3:].abs().max()) == 0.0  # padding is zero
 
 
-def test_sift_raw_trains_reads_only_the_states_and_reloads(traj, tmp_path):
+def test_sift_raw_trains_reads_only_the_states_and_reloads(traj, trajectory_cfg, tmp_path):
     from datamodules.trajectory_datamodule import TrajectoryDataModule
     from sift.detectors.module import load_detector
     from sift.training import train
 
-    rec = train(_cfg(traj, tmp_path / "run"))
+    rec = train(trajectory_cfg(traj, "sift_raw", tmp_path / "run", *SMALL))
     assert rec["status"] == "done" and rec["detector"] == "sift_raw" and rec["global_step"] > 0
     assert 0.0 < rec["threshold"] < 1.0 and np.isfinite(rec["metrics"]["test/auroc"])
     det = load_detector(rec["best_ckpt"]).eval()

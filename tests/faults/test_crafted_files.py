@@ -44,43 +44,19 @@ def _one_line(e: BaseException) -> str:
 
 # ------------------------------------------------------------------------------- a trained control to tamper with
 @pytest.fixture(scope="module")
-def traj(tmp_path_factory):
-    from sift.trajectories.extract import ExtractConfig
-    from sift.trajectories.predict import extract_corpus
-    from sift.trajectories.toy import save_toy_models, write_toy_corpus
-
-    root = tmp_path_factory.mktemp("crafted")
-    write_toy_corpus(root / "corpus", n_items=24)
-    models = save_toy_models(root / "models")
-    extract_corpus(root / "corpus", root / "traj", models, ExtractConfig(shard_size=64, batch_size=32, t_max=12))
-    return root
-
-
-def _cfg(root: Path, detector: str, out: Path, *extra: str):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from sift.cli._common import CONFIG_DIR
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose("train", overrides=[f"detector={detector}", "data=trajectory",
-                                          f"data.trajectory_dir={root / 'traj'}", f"paths.output_dir={out}",
-                                          "logger=none", "trainer.max_epochs=3", "trainer.enable_progress_bar=false",
-                                          *extra])
-    GlobalHydra.instance().clear()
-    return cfg
+def traj(toy_trajectories):
+    return toy_trajectories[0]
 
 
 @pytest.fixture(scope="module")
-def controls(traj, tmp_path_factory):
+def controls(traj, trajectory_cfg, tmp_path_factory):
     """A trained text_bow and surface run each: {name: (results record, run folder)}."""
     from sift.training import train
 
     out = {}
     for name in ("text_bow", "surface"):
         run = tmp_path_factory.mktemp(name)
-        out[name] = (train(_cfg(traj, name, run)), run)
+        out[name] = (train(trajectory_cfg(traj, name, run)), run)
     return out
 
 
@@ -134,17 +110,17 @@ def test_crafted_control_checkpoint_is_refused_by_load_detector(crafted_text_bow
     assert not marker.exists()
 
 
-def test_crafted_control_checkpoint_is_refused_as_ckpt_path(crafted_text_bow, traj, tmp_path):
+def test_crafted_control_checkpoint_is_refused_as_ckpt_path(crafted_text_bow, traj, trajectory_cfg, tmp_path):
     from sift.training import train
 
     path, marker = crafted_text_bow
     with pytest.raises(SiftError, match=f"{path}: refused: its scikit-learn estimator") as e:
-        train(_cfg(traj, "text_bow", tmp_path / "run", f"ckpt_path={path}"))
+        train(trajectory_cfg(traj, "text_bow", tmp_path / "run", f"ckpt_path={path}"))
     _one_line(e.value)
     assert not marker.exists()
 
 
-def test_crafted_last_ckpt_is_refused_by_automatic_resume(crafted_text_bow, traj, tmp_path):
+def test_crafted_last_ckpt_is_refused_by_automatic_resume(crafted_text_bow, traj, trajectory_cfg, tmp_path):
     from sift.training import train
 
     path, marker = crafted_text_bow
@@ -153,7 +129,7 @@ def test_crafted_last_ckpt_is_refused_by_automatic_resume(crafted_text_bow, traj
     last = run / "checkpoints" / "last.ckpt"
     last.write_bytes(path.read_bytes())
     with pytest.raises(SiftError, match=f"{last}: refused: its scikit-learn estimator") as e:
-        train(_cfg(traj, "text_bow", run))
+        train(trajectory_cfg(traj, "text_bow", run))
     _one_line(e.value)
     assert not marker.exists()
 
