@@ -14,8 +14,10 @@ What follows by construction:
 * the first CoT token is predicted from the last prompt position, so its distribution is exactly the same under
   both mechanisms; every later token is trained to the same target under both, and the organism is near-certain
   of it (measured: ``scripts/latent_identical_ids.py``);
-* the CoT positions' states carry ``z`` (it is in their residual stream), so the mechanism is readable from the
-  hidden states and from nothing in the text.
+* the CoT positions' states carry ``z`` (it is in their residual stream), so ``z`` is readable from the hidden
+  states and from nothing in the text. That is a planted offset, not the mechanism: the behaviour needs ``z`` only
+  at the answer line, where heads switch between the CoT and the cue (``answer_routing`` below;
+  ``scripts/mechanism_card.py``).
 
 **Mechanism kinds** (:data:`MECHANISM_KINDS`, issue 43): where the latent enters is an axis of the organism.
 
