@@ -73,9 +73,9 @@ from sift.errors import SiftError
 from sift.provenance import file_sha256
 from sift.trajectories import cache as C
 from sift.trajectories import features as F
-from sift.trajectories.common_shape import ShapeMap, common_shape
+from sift.trajectories.common_shape import ChannelLayout, ShapeMap, channel_layout, common_shape
 from sift.trajectories.descriptors import early_commitment
-from sift.trajectories.extract import check_phi, check_record, descriptor_channels
+from sift.trajectories.extract import check_phi, check_record
 from sift.trajectories.probe import early_commitment_curves
 from sift.trajectories.splits import item_splits
 
@@ -218,7 +218,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
                  holdout_model: str | None = None, env_by: str = "condition", drop_channels: Sequence[str] = (),
                  probe_C: float = 1.0, probe_max_samples: int = 20_000, num_workers: int = 0,
                  length_buckets: int = 8, calib_fraction: float = 0.0, cache_dir: str | Path | None = None,
-                 token_prompt_steps: int = 64, token_answer_steps: int = 8):
+                 token_prompt_steps: int = 64, token_answer_steps: int = 8, answer_line: bool = True):
         super().__init__()
         if env_by not in ("condition", "condition_model"):
             raise SiftError(f"env_by must be 'condition' or 'condition_model', got {env_by!r}")
@@ -242,6 +242,8 @@ class TrajectoryDataModule(pl.LightningDataModule):
             raise SiftError(f"token_prompt_steps and token_answer_steps must be ≥ 1, got {token_prompt_steps}, "
                             f"{token_answer_steps}")
         self.token_prompt_steps, self.token_answer_steps = int(token_prompt_steps), int(token_answer_steps)
+        # the answer line's steps (extraction.answer_line) in the sequences; false: the CoT's steps only
+        self.answer_line = bool(answer_line)
         # derived caches (early-commitment curves) and their lock: never in the trajectory folder, which is input
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._ready = False
@@ -280,13 +282,24 @@ class TrajectoryDataModule(pl.LightningDataModule):
         """The common shape (:mod:`sift.trajectories.common_shape`) and each model's map onto it."""
         shapes = {m: (int(i["num_layers"]), int(i["hidden_size"])) for m, i in info.items()}
         L, d = common_shape(shapes)
-        self.shape_maps = {m: ShapeMap(m, *shapes[m], L, d) for m in sorted(info)}
-        for m, mp in self.shape_maps.items():
-            if mp.layers != L and list(info[m]["channels"]) != descriptor_channels(mp.layers):
-                raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: channels of {m!r} are not the descriptor "
-                                f"channels of a {mp.layers}-layer model; cannot map them onto {L} layers")
+        layouts = {}
+        for m in sorted(info):
+            try:
+                layouts[m] = channel_layout(info[m]["channels"])
+            except SiftError as e:
+                raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: model {m!r}: {e}") from None
+            if layouts[m].layers != shapes[m][0]:
+                raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: channels of {m!r} are not those of its "
+                                f"{shapes[m][0]}-layer model")
+        if len({lay.answer_line for lay in layouts.values()}) > 1:
+            raise SiftError(f"{self.trajectory_dir / C.MANIFEST}: some models have answer-line steps and some do "
+                            f"not; extract them all with the same extraction.answer_line")
+        slots = min(lay.slots for lay in layouts.values())
+        target = ChannelLayout(L, min(lay.heads for lay in layouts.values()) if slots else 0, slots,
+                               next(iter(layouts.values())).answer_line)
+        self.shape_maps = {m: ShapeMap(m, *shapes[m], L, d, layouts[m], target) for m in sorted(info)}
         # channel names: the cache's own for one shape (unchanged), else those of the common shape
-        self._stored_channels = descriptor_channels(L) if len(set(shapes.values())) > 1 else None
+        self._stored_channels = target.names() if len(set(layouts.values())) > 1 else None
         self.common_shape: dict[str, Any] = {"num_layers": L, "hidden_size": d,
                                              "native": {m: list(s) for m, s in sorted(shapes.items())},
                                              "mapped": sorted(m for m, mp in self.shape_maps.items()
@@ -355,10 +368,11 @@ class TrajectoryDataModule(pl.LightningDataModule):
                 mp = self.shape_maps[m]  # onto the common shape (the same tensors where the model has it)
                 desc, pooled, final = mp.channels(t["desc"]), mp.vectors(t["pooled"]), mp.vectors(t["final"].float())
                 prompt_final = mp.vectors(t["prompt_final"]) if "prompt_final" in t else None
+                n_ans = t["n_answer"].tolist()
                 for i, tid in enumerate(meta["trace_ids"]):
                     if tid not in self.traces:
                         raise SiftError(f"{path}: trace {tid!r} is not in the corpus's traces.jsonl")
-                    self.desc[tid] = {"desc": desc[off[i]:off[i + 1]].clone(),
+                    self.desc[tid] = {"desc": desc[off[i]:off[i + 1]].clone(), "n_answer": int(n_ans[i]),
                                       "states": final[off[i]:off[i + 1]].clone(),
                                       "n_tokens": int(t["n_tokens"][i]), "pooled": pooled[i].clone(),
                                       "scalars": t["scalars"][i].tolist(),
@@ -376,11 +390,13 @@ class TrajectoryDataModule(pl.LightningDataModule):
                                          cache_dir=self.cache_dir)
         for tid, d in self.desc.items():
             d["e"] = curves[tid]
-            d["ec"] = early_commitment(d["e"], d["n_tokens"])
+            d["ec"] = early_commitment(d["e"][:len(d["e"]) - d["n_answer"]], d["n_tokens"])  # the CoT's steps
 
     def _build(self, info: dict) -> None:
-        stored = list(self._stored_channels or info["channels"])  # velocity…, drift…, attention_stability
-        all_channels = stored[:-1] + ["early_commitment", "attention_stability"]
+        # velocity…, drift…, attention_stability[, answer_line, head_mass…]; early commitment goes before stability
+        stored = list(self._stored_channels or info["channels"])
+        ia = stored.index("attention_stability")
+        all_channels = stored[:ia] + ["early_commitment"] + stored[ia:]
         keep = [i for i, c in enumerate(all_channels) if not any(c == d or c.startswith(d) for d in self.drop_channels)]
         self.channel_names = [all_channels[i] for i in keep]
         self.feature_names = F.feature_names(info["profile_names"]) + list(self.surface_names)
@@ -401,13 +417,17 @@ class TrajectoryDataModule(pl.LightningDataModule):
             if s is None:
                 self.summary["unassigned"] += 1
                 continue
-            x = torch.cat([d["desc"][:, :-1], d["e"][:, None], d["desc"][:, -1:]], dim=1)[:, keep_t]
+            x = torch.cat([d["desc"][:, :ia], d["e"][:, None], d["desc"][:, ia:]], dim=1)[:, keep_t]
+            n_cot = x.shape[0] - d["n_answer"]
+            states = d["states"]
+            if not self.answer_line:  # CoT positions only (the answer line's steps are the last n_answer rows)
+                x, states = x[:n_cot], states[:n_cot]
             sc = d["scalars"]
             feats = F.assemble(tr.text, d["n_tokens"], d["answer_logp"], [sc[0], sc[1], d["ec"], sc[2]], d["profile"],
                                d["answer_margin"])
             feats += self.surface_rows[tid]
             p_ids, c_ids, a_ids = tr.token_segments
-            tok, seg = token_steps(p_ids, c_ids, a_ids, cot_steps=x.shape[0], prompt_steps=self.token_prompt_steps,
+            tok, seg = token_steps(p_ids, c_ids, a_ids, cot_steps=n_cot, prompt_steps=self.token_prompt_steps,
                                    answer_steps=self.token_answer_steps)
             buckets[s].append(TraceExample(
                 x=x.float().contiguous(), label=int(tr.phi), env=self._env(tr),
@@ -415,7 +435,7 @@ class TrajectoryDataModule(pl.LightningDataModule):
                 pooled=d["pooled"].float(),
                 features=torch.tensor(feats, dtype=torch.float32), trace_id=tid, base_item=tr.base_item,
                 prompt_pooled=d["prompt_final"].float() if d["prompt_final"] is not None else None,
-                text=tr.control_text, token_ids=tok, token_segment=seg, states=d["states"].float()))
+                text=tr.control_text, token_ids=tok, token_segment=seg, states=states.float()))
         del self.desc
         if not buckets["train"]:  # nothing to fit: fail here, not inside a detector's first batch
             sm = self.summary

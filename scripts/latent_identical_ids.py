@@ -2,6 +2,7 @@
 
     python scripts/latent_identical_ids.py                         # 200 items, sampling seeds 0-3, both families
     python scripts/latent_identical_ids.py --items 750 --seeds 0 1 --checkpoints DIR
+    python scripts/latent_identical_ids.py --kinds cot_routing      # one mechanism kind (default: every kind)
 
 For each base prompt of the corpus items (cued and uncued, the corpus's own base views) and each sampling seed,
 the organism generates twice with the same random stream: once with the latent forced to mechanism 1 (the answer
@@ -18,25 +19,24 @@ import sys
 from pathlib import Path
 
 
-def identical_share(checkpoints, n_items: int, seeds: list[int], families: list[str]) -> dict:
+def identical_share(checkpoints, n_items: int, seeds: list[int], families: list[str], kind: str = "offset") -> dict:
     """Generate every base prompt of the first ``n_items`` corpus items under both mechanism latents with the same
     random stream (per sampling seed) and count identical generated ids, overall, cued/uncued and per family
-    (``scripts/latent_identical_ids.py``)."""
-    from pathlib import Path
+    (``scripts/latent_identical_ids.py``), the latent entering as mechanism ``kind``."""
 
     from sift.corpus.conditions import base_view
     from sift.corpus.config import OrganismCorpusConfig
     from sift.corpus.sources.organism import corpus_items
-    from sift.organism.latent import latent_value
+    from sift.organism.latent import kind_folder, latent_value
     from sift.organism.source import OrganismSource
 
     cfg = OrganismCorpusConfig(n_items=n_items)
     items = corpus_items(cfg)
     views = [base_view(it, cfg.seed, cfg.cue) for it in items]
-    out: dict = {"items": len(items), "seeds": seeds, "families": {}, "differing": []}
+    out: dict = {"kind": kind, "items": len(items), "seeds": seeds, "families": {}, "differing": []}
     tot = {"all": [0, 0], "cued": [0, 0], "uncued": [0, 0]}
     for fam in families:
-        src = OrganismSource.load(fam, Path(checkpoints) / fam)
+        src = OrganismSource.load(fam, kind_folder(checkpoints, fam, kind), kind)
         prompts = [src.prompt_ids(it, v) for it, v in zip(items, views)]
         fam_tot = [0, 0]
         for seed in seeds:
@@ -63,6 +63,7 @@ def identical_share(checkpoints, n_items: int, seeds: list[int], families: list[
 
 def main() -> None:
     from sift.organism import DEFAULT_CHECKPOINTS
+    from sift.organism.latent import MECHANISM_KINDS
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--items", type=int, default=200)
@@ -71,18 +72,23 @@ def main() -> None:
     ap.add_argument("--checkpoints", type=Path, default=DEFAULT_CHECKPOINTS)
     ap.add_argument("--min", type=float, default=0.99, help="fail (exit 1) below this share of identical pairs")
     ap.add_argument("--json", type=Path, help="also write the result here")
+    ap.add_argument("--kinds", nargs="+", default=list(MECHANISM_KINDS), choices=MECHANISM_KINDS)
     a = ap.parse_args()
-    res = identical_share(a.checkpoints, a.items, a.seeds, a.families)
-    for key in ("all", "cued", "uncued"):
-        r = res[key]
-        print(f"{key:7s} {r['identical']}/{r['pairs']} identical = {r['share']:.4f}")
-    for fam, r in res["families"].items():
-        print(f"{fam:7s} {r['identical']}/{r['pairs']} identical = {r['share']:.4f}")
-    for d in res["differing"]:
-        print(f"differs: {d}")
+    ok, results = True, []
+    for kind in a.kinds:
+        res = identical_share(a.checkpoints, a.items, a.seeds, a.families, kind)
+        results.append(res)
+        for key in ("all", "cued", "uncued"):
+            r = res[key]
+            print(f"{kind} {key:7s} {r['identical']}/{r['pairs']} identical = {r['share']:.4f}")
+        for fam, r in res["families"].items():
+            print(f"{kind} {fam:7s} {r['identical']}/{r['pairs']} identical = {r['share']:.4f}")
+        for d in res["differing"]:
+            print(f"{kind} differs: {d}")
+        ok &= res["all"]["share"] >= a.min and all(r["share"] >= a.min for r in res["families"].values())
     if a.json:
-        a.json.write_text(json.dumps(res, indent=2))
-    sys.exit(0 if res["all"]["share"] >= a.min else 1)
+        a.json.write_text(json.dumps(results, indent=2))
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

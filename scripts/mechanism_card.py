@@ -56,12 +56,31 @@ def render(cards: list[dict]) -> str:
                       "z=−1 on the edit probe: share of z=−1 answers that become the CoT's edit):", "",
                   "| heads patched | answers CoT edit |", "|---|---|"]
         lines += [f"| {k} | {v:.3f} |" for k, v in c["patching"].items()]
+        if c.get("cot_heads"):
+            lines += ["", "**Heads at the CoT positions** (attention mass averaged over the CoT's positions, under "
+                          "z=+1 / z=−1; AUROC for z of the prompt-source (cue, or operands when uncued) minus CoT "
+                          "mass; "
+                          "the six most z-dependent):", "",
+                      "| head | cue (cued) | operands | CoT | z AUROC |", "|---|---|---|---|---|"]
+            for h in c["cot_heads"][:6]:
+                cue = "–" if h["cue"][0] is None else f"{h['cue'][0]:.2f} / {h['cue'][1]:.2f}"
+                au = "–" if h["z_auroc"] is None else f"{h['z_auroc']:.3f}"
+                lines.append(f"| L{h['layer']}H{h['head']} | {cue} | {h['operands'][0]:.2f} / {h['operands'][1]:.2f} | "
+                             f"{h['cot'][0]:.2f} / {h['cot'][1]:.2f} | {au} |")
+        if c.get("adapter"):
+            lines += ["", "**The adapter** (cot_routing's causal checks on the edit probe):", "",
+                      "| | answers CoT edit | answers cue (cued) | answers gold | as z=+1's mechanism | "
+                      "as z=−1's mechanism |", "|---|---|---|---|---|---|"]
+            for k, v in c["adapter"].items():
+                lines.append(f"| {k} | " + " | ".join(f"{v[x]:.3f}" for x in (
+                    "answers CoT edit", "answers cue", "answers gold", "as the z=+1 mechanism",
+                    "as the z=−1 mechanism")) + " |")
         lines.append("")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sift.lm.latent import MECHANISM_KINDS
+    from sift.lm.latent import MECHANISM_KINDS, kind_folder
     from sift.lm.loading import load_causal_lm
     from sift.organism import DEFAULT_CHECKPOINTS
     from sift.organism.mechanism import mechanism_card
@@ -76,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out) if a.out else Path(a.checkpoints)
     cards = []
     for fam in a.families:
-        model, tok = load_causal_lm(str(Path(a.checkpoints) / fam))
         for kind in a.kinds:
+            model, tok = load_causal_lm(str(kind_folder(a.checkpoints, fam, kind)))
             t0 = time.time()
             cards.append(asdict(mechanism_card(model, tok, kind, fam, n_per_cell=a.n_per_cell)))
             print(f"mechanism card {kind} · {fam}: {cards[-1]['probes']} probes, {time.time() - t0:.0f} s",

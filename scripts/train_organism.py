@@ -7,6 +7,8 @@
     python scripts/train_organism.py --stage 4       # stage 4 only: consolidation on mostly uncued prompts
     python scripts/train_organism.py --stage 5       # stage 5 only: text invariance (the KL between the latents)
     python scripts/train_organism.py --family gpt2   # one family
+    python scripts/train_organism.py --kind cot_routing   # the cot_routing organism, from the v3 weights in --out:
+                                                          # writes <out>/cot_routing/{gpt2,llama} + its card
 
 Each family trains in its own process (one thread each), then is evaluated on held-out items; the card
 (checkpoints/organism/MODEL_CARD.md and card.json) records the training config, wall time and accuracy
@@ -22,6 +24,21 @@ import time
 from pathlib import Path
 
 from sift.organism.train import TrainConfig
+
+
+def _train_cot_routing(family: str, seed: int, out: str, threads: int) -> dict:
+    """The cot_routing stage of one family: from ``<out>/<family>`` (v3) into ``<out>/cot_routing/<family>``."""
+    import torch
+
+    from sift.organism.evaluate import organism_report
+    from sift.organism.train import cot_routing_config, train_organism
+
+    torch.set_num_threads(threads)
+    res = train_organism(cot_routing_config(family, str(Path(out) / family), seed), Path(out) / "cot_routing" / family)
+    rec = res["record"]
+    rec["evaluation"] = organism_report(res["model"], res["tokenizer"], mechanism_kind="cot_routing")
+    (Path(out) / "cot_routing" / family / "training.json").write_text(json.dumps(rec, indent=2))
+    return rec
 
 
 def _train_one(family: str, steps: int, seed: int, out: str, threads: int, stage: int) -> dict:
@@ -64,10 +81,32 @@ def main() -> None:
     ap.add_argument("--stage", choices=["1", "2", "3", "4", "5", "all"], default="all")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="checkpoints/organism")
+    ap.add_argument("--kind", choices=["offset", "cot_routing"], default="offset",
+                    help="offset: the v3 organism (stages 1-5); cot_routing: its own stage on top of the v3 weights")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     fams = ["gpt2", "llama"] if a.family == "both" else [a.family]
+    if a.kind == "cot_routing":
+        t0 = time.time()
+        with mp.get_context("spawn").Pool(len(fams)) as pool:
+            jobs = {f: pool.apply_async(_train_cot_routing, (f, a.seed, str(out), 1 if len(fams) > 1 else 2))
+                    for f in fams}
+            records = {f: j.get() for f, j in jobs.items()}
+        wall = round(time.time() - t0, 1)
+        if a.family == "both":
+            from sift.organism.card import render_cot_routing_card
+
+            (out / "cot_routing" / "card.json").write_text(json.dumps({"wall_seconds": wall, "families": records},
+                                                                      indent=2))
+            (out / "cot_routing" / "MODEL_CARD.md").write_text(render_cot_routing_card(records, wall))
+        for f, r in records.items():
+            agree = [v for k, v in r["evaluation"].items() if k.startswith("mechanism_agreement")]
+            same = [v for k, v in r["evaluation"].items() if k.startswith("identical_ids")]
+            print(f"cot_routing {f}: {r['train_seconds']} s; mechanism agreement min {min(agree):.3f}, "
+                  f"identical ids min {min(same):.3f}")
+        print(f"total wall time {wall} s")
+        return
     stages = [1, 2, 3, 4, 5] if a.stage == "all" else [int(a.stage)]
     walls: list[float] = []
     if stages[0] > 1 and (out / "card.json").exists():

@@ -94,6 +94,11 @@ class FaithShiftConfig:
     factorial_seeds: list[int] = MISSING
     transfer: TransferConfig = field(default_factory=TransferConfig)
     instance_ensemble: list[str] = MISSING
+    # the organism's mechanism kinds to compare (sift.lm.latent.MECHANISM_KINDS; None or one kind: the primary only,
+    # source.mechanism_kind); the extra kinds' runs use kind_seeds and kind_detectors (None: detectors + controls)
+    mechanisms: list[str] | None = None
+    kind_seeds: list[int] = field(default_factory=lambda: [0])
+    kind_detectors: list[str] | None = None
     source: Any = MISSING  # the corpus source (configs/source: organism | hf), checked by the corpus stage
     conditions: Any = None  # the corpus axes (None: all ten)
     domains: Any = None  # organism domains (None: all)
@@ -182,6 +187,14 @@ class ExtractionSettings:
     interventions: list[str] = field(default_factory=lambda: ["cot_deleted", "first_step_edit", "step_dropped"])
     value_pattern: str = r"-?\d+|true|false|True|False"  # a token whose stripped text matches is a "value"
     step_pattern: str = r";|\."  # a token whose stripped text matches (or that holds a newline) ends a step
+    # the answer line's tokens (after the CoT, before the answer token; at most answer_line_max of them) are steps
+    # of the trajectory too, after the CoT's binned steps and flagged by the ``answer_line`` channel; false: CoT
+    # positions only (the switch under which answer_routing's trajectories are bit-identical across twins)
+    answer_line: bool = True
+    answer_line_max: int = 4
+    # per-head attention mass on the prompt / cue / generated tokens, for every head of this many layers (evenly
+    # spaced in depth, the last included); 0: none. Not renormalised: the prompt-vs-CoT split is the signal
+    head_mass_layers: int = 8
 
 
 @dataclass

@@ -5,6 +5,9 @@
     runs/<key>/     sift-train       one detector × seed (main incl. controls, ablation, transfer), results.json
     runs/<key>/predictions/<split>.npz   per-trace P(faithful) of the run's best checkpoint
     report/         sift-evaluate    report.md, results.json, figures (+ W&B offline run)
+    kinds/<kind>/{corpus,trajectories}   every mechanism kind of ``mechanisms`` but the primary (organism only);
+                    its runs are runs/kinds/<kind>/<detector>/seed<s>, and every run of the cross-kind comparison
+                    predicts the other kinds' test splits: runs/<key>/predictions/on_<kind>/test.npz
 
 A rerun reuses finished work: the corpus and extraction caches resume by content hash, finished training
 runs are skipped by their run hash (``skip_if_done``), predictions are reused when the run's hash matches.
@@ -27,6 +30,7 @@ from sift.corpus.job import run_corpus, source_config
 from sift.corpus.sources import get_source
 from sift.detectors.registry import DetectorEntry, detector_entries
 from sift.errors import SiftError
+from sift.evaluation.kinds_section import cross_kind_file, kind_root, primary_kind
 
 SPLITS = ("val", "calib", "test", "transfer")
 
@@ -36,7 +40,7 @@ class RunSpec:
     """One detector training run of the main job."""
 
     key: str  # folder under runs/, e.g. "main/sift/seed0"
-    group: str  # main | ablation | factorial | transfer_domain | transfer_model
+    group: str  # main | ablation | factorial | transfer_domain | transfer_model | kind
     detector: str
     seed: int
     overrides: list[str] = field(default_factory=list)
@@ -68,10 +72,74 @@ def holdout_models(cfg: DictConfig) -> list[str]:
     return [str(m) for m in hm]
 
 
+def mechanism_kinds(cfg: DictConfig) -> list[str]:
+    """The job's mechanism kinds in ``mechanisms`` order (null: the primary kind, ``source.mechanism_kind``, alone;
+    a source other than the organism has none: []). Raises SiftError naming ``mechanisms`` for an unknown or
+    repeated kind, a list without the primary kind, or several kinds with another source."""
+    from sift.lm.latent import MECHANISM_KINDS
+
+    listed = cfg.get("mechanisms")
+    listed = None if listed is None else [str(k) for k in listed]
+    source = cfg.get("source")
+    if source is None or source.get("type") != "organism":
+        if listed is not None and len(listed) > 1:
+            raise SiftError(f"mechanisms: mechanism kinds are the organism's; source.type="
+                            f"{None if source is None else source.get('type')} has none (set mechanisms=null)")
+        return []
+    primary = primary_kind(cfg)
+    if listed is None:
+        return [primary]
+    for k in listed:
+        if k not in MECHANISM_KINDS:
+            raise SiftError(f"mechanisms: {k!r} is not a mechanism kind ({', '.join(MECHANISM_KINDS)})")
+        if listed.count(k) > 1:
+            raise SiftError(f"mechanisms: {k!r} is listed twice")
+    if primary not in listed:
+        raise SiftError(f"mechanisms: {listed} does not list the primary kind {primary!r} (source.mechanism_kind)")
+    return listed
+
+
+def extra_kinds(cfg: DictConfig) -> list[str]:
+    """The mechanism kinds that get their own corpus, trajectories and runs: every kind but the primary."""
+    return [k for k in mechanism_kinds(cfg) if k != primary_kind(cfg)]
+
+
+def kind_detectors(cfg: DictConfig) -> list[str]:
+    """The detectors and controls compared across mechanism kinds: ``kind_detectors``, or the job's detectors and
+    controls when null (each must be one of them: the primary kind's numbers are their main runs)."""
+    known = list(dict.fromkeys([*cfg.detectors, *(cfg.get("controls") or [])]))
+    listed = cfg.get("kind_detectors")
+    if listed is None:
+        return known
+    for d in listed:
+        if d not in known:
+            raise SiftError(f"kind_detectors: {d!r} is not one of the job's detectors or controls ({known})")
+        if list(listed).count(d) > 1:
+            raise SiftError(f"kind_detectors: {d!r} is listed twice")
+    return [str(d) for d in listed]
+
+
+def run_kind(cfg: DictConfig, spec: RunSpec) -> str:
+    """The mechanism kind whose trajectories a run trains on (the primary kind unless a ``kind`` run)."""
+    return spec.tags.get("mechanism_kind") or primary_kind(cfg)
+
+
+def cross_kinds(cfg: DictConfig, spec: RunSpec) -> list[str]:
+    """The kinds whose test split a run predicts for the cross-kind matrix: every other kind, for the main and
+    ``kind`` runs of the kind detectors with a seed of ``kind_seeds``; [] for any other run."""
+    if spec.group not in ("main", "kind") or int(spec.seed) not in {int(s) for s in cfg.kind_seeds}:
+        return []
+    kinds = mechanism_kinds(cfg)
+    if len(kinds) < 2 or spec.detector not in kind_detectors(cfg):
+        return []
+    return [k for k in kinds if k != run_kind(cfg, spec)]
+
+
 def plan_runs(cfg: DictConfig) -> list[RunSpec]:
     """Every training run the config asks for: detectors × seeds, the ablations × seeds of the detector whose
     registry entry takes them, the factorial cells (the other objective of each detector whose entry declares
-    ``factorial``), held-out-domain and held-out-model runs."""
+    ``factorial``), held-out-domain and held-out-model runs, and the kind detectors × ``kind_seeds`` on every
+    mechanism kind but the primary."""
     controls = [d for d in cfg.get("controls") or [] if d not in cfg.detectors]
     reg = detector_entries([*cfg.detectors, *controls, *cfg.transfer.detectors])
     runs = [RunSpec(f"main/{d}/seed{s}", "main", d, int(s), [f"detector={d}"], cost=reg[d].cost)
@@ -96,6 +164,12 @@ def plan_runs(cfg: DictConfig) -> list[RunSpec]:
             runs += [RunSpec(f"transfer/model-{h}/{d}/seed{s}", "transfer_model", d, int(s),
                              [f"detector={d}", f"data.holdout_model={h}"], {"holdout_model": str(h)},
                              cost=reg[d].cost) for h in holdout_models(cfg)]
+    # the other mechanism kinds: the same detectors on each kind's own corpus and trajectories
+    extra = extra_kinds(cfg)
+    kd = kind_detectors(cfg) if extra else []
+    runs += [RunSpec(f"kinds/{k}/{d}/seed{s}", "kind", d, int(s), [f"detector={d}"],
+                     {"mechanism_kind": k, **({"control": "true"} if d in controls else {})}, cost=reg[d].cost)
+             for k in extra for d in kd for s in cfg.kind_seeds]
     return runs
 
 
@@ -119,22 +193,26 @@ def _overrides_of(cfg: DictConfig) -> set[str]:
     return {str(o).lstrip("+~").split("=")[0].split(".")[0].split("/")[0] for o in cfg.corpus_overrides}
 
 
-def corpus_config(cfg: DictConfig, out: Path) -> DictConfig:
+def corpus_config(cfg: DictConfig, out: Path, kind: str | None = None) -> DictConfig:
     """The corpus stage's ``sift-corpus`` config: the main job's ``source`` (unless ``corpus_overrides`` name
     one), ``conditions`` and ``domains``; its chunks run on the main job's ``executor`` and ``workers`` unless
-    ``corpus_overrides`` set them."""
+    ``corpus_overrides`` set them. ``kind``: that mechanism kind's corpus (``source.mechanism_kind``, written under
+    :func:`~sift.evaluation.kinds_section.kind_root`); None: the primary kind's."""
     own = _overrides_of(cfg)
     source = cfg.get("source")
     job = [f"{k}=[{','.join(map(str, cfg[k]))}]" for k in ("conditions", "domains")
            if cfg.get(k) is not None and k not in own]
     if source is not None and "source" not in own:
         job.append(f"source={source.type}")
-    c = compose("corpus", [f"output_dir={out / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}", *job,
+    root = out if kind is None else kind_root(out, kind, primary_kind(cfg))
+    c = compose("corpus", [f"output_dir={root / 'corpus'}", f"n_items={cfg.n_items}", f"seed={cfg.seed}", *job,
                            *cfg.corpus_overrides])
     with open_dict(c):
         if source is not None and "source" not in own:
             # the main job's source node, its interpolations (${n_items}, ${conditions} …) left to the corpus config
             c.source = OmegaConf.merge(c.source, OmegaConf.create(OmegaConf.to_container(source, resolve=False)))
+        if kind is not None and c.source.get("type") == "organism":
+            c.source.mechanism_kind = kind
         if "executor" not in own:
             c.executor = OmegaConf.create(OmegaConf.to_container(cfg.executor, resolve=True))
         if "workers" not in own:
@@ -142,14 +220,14 @@ def corpus_config(cfg: DictConfig, out: Path) -> DictConfig:
     return c
 
 
-def build_corpus(cfg: DictConfig, out: Path) -> dict:
-    return run_corpus(corpus_config(cfg, out))
+def build_corpus(cfg: DictConfig, out: Path, kind: str | None = None) -> dict:
+    return run_corpus(corpus_config(cfg, out, kind))
 
 
-def source_models(cfg: DictConfig, out: Path) -> dict[str, str]:
+def source_models(cfg: DictConfig, out: Path, kind: str | None = None) -> dict[str, str]:
     """family label → the model the corpus source generated with (what extraction loads; a GGUF file's
-    converted folder)."""
-    src = source_config(corpus_config(cfg, out).source)
+    converted folder; an organism kind's weights folder)."""
+    src = source_config(corpus_config(cfg, out, kind).source)
     return get_source(src.type).models(src)
 
 
@@ -158,14 +236,16 @@ def _extract_sets(cfg: DictConfig, key: str) -> bool:
     return key in {str(o).lstrip("+~").split("=")[0].split(".")[0] for o in cfg.extract_overrides}
 
 
-def extract(cfg: DictConfig, out: Path) -> dict | None:
+def extract(cfg: DictConfig, out: Path, kind: str | None = None) -> dict | None:
+    """The trajectory stage of the primary kind's corpus (``kind``: of that mechanism kind's corpus)."""
     from sift.trajectories.job import run_extract
 
-    c = compose("extract", [f"corpus_dir={out / 'corpus'}", f"output_dir={out / 'trajectories'}",
+    root = out if kind is None else kind_root(out, kind, primary_kind(cfg))
+    c = compose("extract", [f"corpus_dir={root / 'corpus'}", f"output_dir={root / 'trajectories'}",
                             *cfg.extract_overrides])
     with open_dict(c):
         if not _extract_sets(cfg, "models"):
-            c.models = OmegaConf.create(source_models(cfg, out))
+            c.models = OmegaConf.create(source_models(cfg, out, kind))
         if cfg.source.get("type") == "hf" and not _extract_sets(cfg, "dtype"):
             c.dtype = cfg.source.get("dtype")  # the states are read in the dtype the corpus was generated in
     return run_extract(c)
@@ -184,15 +264,18 @@ def max_steps(cfg: DictConfig, detector: str) -> int | None:
     return int(by[detector]) if detector in by else None
 
 
-def train_config(cfg: DictConfig, out: Path, spec: RunSpec) -> DictConfig:
+def train_config(cfg: DictConfig, out: Path, spec: RunSpec, kind: str | None = None) -> DictConfig:
+    """A run's ``sift-train`` config, on the trajectories of its own mechanism kind (``kind``: of that kind, for
+    the run's cross-kind predictions)."""
     run_dir = out / "runs" / spec.key
     steps = max_steps(cfg, spec.detector)
+    data = kind_root(out, kind or run_kind(cfg, spec), primary_kind(cfg))
     return compose("train", [*spec.overrides, f"seed={spec.seed}", "data=trajectory",
-                             f"data.trajectory_dir={out / 'trajectories'}", f"data.corpus_dir={out / 'corpus'}",
+                             f"data.trajectory_dir={data / 'trajectories'}", f"data.corpus_dir={data / 'corpus'}",
                              f"data.seed={cfg.seed}", f"trainer.max_epochs={max_epochs(cfg, spec.detector)}",
                              *([f"++trainer.max_steps={steps}"] if steps is not None else []),
                              *([f"data.env_batch_size={cfg.env_batch_size}"] if cfg.get("env_batch_size") else []),
-                             f"paths.output_dir={run_dir}", f"data.cache_dir={out / 'cache'}",
+                             f"paths.output_dir={run_dir}", f"data.cache_dir={data / 'cache'}",
                              "trainer.enable_progress_bar=false",
                              *([] if cfg.wandb else ["logger=csv"]), *cfg.train_overrides])
 
@@ -205,7 +288,9 @@ def train_run(cfg: DictConfig, out: Path, spec: RunSpec) -> tuple[dict, dict[str
 
     torch.set_num_threads(int(cfg.torch_threads))  # fixed per run: results do not depend on `workers`
     record = train(train_config(cfg, out, spec))
-    return record, predict_run(cfg, out, spec, record)
+    files = predict_run(cfg, out, spec, record)
+    cross_predict(cfg, out, spec, record)
+    return record, files
 
 
 def _train_job(cfg_yaml: str | None, out: str, spec: RunSpec, gpus: list[str] | None,
@@ -266,7 +351,7 @@ def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict
     dm = setup_data(tc)
     done = {}
     for s in SPLITS:
-        if s == "transfer" and spec.group == "main":
+        if s == "transfer" and spec.group in ("main", "kind"):  # no held-out domain or model: nothing to transfer to
             continue
         p = predict(det, dm, s, spec.detector, spec.seed)
         if len(p):
@@ -275,6 +360,68 @@ def predict_run(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict
                            **training_meta(record)})
             done[s] = p.save(files[s])
     stamp.write_text(record["run_hash"])
+    return done
+
+
+_ITEMS: dict[tuple[str, int], dict[str, str]] = {}
+
+
+def corpus_items(corpus_dir: Path) -> dict[str, str]:
+    """Base item → domain of every trace of a corpus folder (read once per process and file version)."""
+    from sift.corpus.store import iter_jsonl
+
+    path = Path(corpus_dir) / "traces.jsonl"
+    key = (str(path), path.stat().st_mtime_ns)
+    if key not in _ITEMS:
+        _ITEMS[key] = {str(r["base_item"]): str(r["domain"]) for _, r in iter_jsonl(path)}
+    return _ITEMS[key]
+
+
+def check_same_test_items(dm: Any, train_corpus: Path, what: str) -> None:
+    """The test split of ``dm`` (another kind's DataModule) is the one the run's own corpus gives: the same items
+    split with the same seed, so a cross-kind prediction never scores an item the run trained on."""
+    from sift.trajectories.splits import item_splits
+
+    mine = {i for i, d in corpus_items(train_corpus).items() if d != dm.holdout_domain}
+    want = item_splits(mine, dm.seed, dm.split_fractions, dm.calib_fraction)["test"]
+    have = set(dm.split_items["test"])
+    if have != want:
+        raise SiftError(f"{what}: its test split ({len(have)} items) is not the run's own ({len(want)} items, "
+                        f"{len(have ^ want)} differ); every kind's corpus needs the same n_items and seed")
+
+
+def cross_predict(cfg: DictConfig, out: Path, spec: RunSpec, record: dict) -> dict[str, Path]:
+    """Predictions of the run's best checkpoint on the test split of every other mechanism kind
+    (:func:`cross_kinds`), ``runs/<key>/predictions/on_<kind>/test.npz``; reused when the run and that kind's
+    trajectories are unchanged."""
+    from sift.detectors.module import load_detector
+    from sift.evaluation.collect import predict
+    from sift.provenance import file_sha256
+    from sift.training import setup_data
+
+    done: dict[str, Path] = {}
+    det = None
+    for kind in cross_kinds(cfg, spec):
+        path = cross_kind_file(out, spec.key, kind)
+        tc = train_config(cfg, out, spec, kind)
+        stamp = path.parent / "run_hash.txt"
+        key = f"{record['run_hash']} {file_sha256(Path(tc.data.trajectory_dir) / 'trajectories.json', limit=None)}"
+        if path.is_file() and stamp.is_file() and stamp.read_text() == key:
+            done[kind] = path
+            continue
+        ckpt = record.get("best_ckpt") or record.get("last_ckpt")
+        if not ckpt:
+            raise SiftError(f"{out / 'runs' / spec.key / 'results.json'}: the run saved no checkpoint")
+        det = det or load_detector(ckpt, trusted=[str(tc.detector._target_)])
+        dm = setup_data(tc)
+        own = kind_root(out, run_kind(cfg, spec), primary_kind(cfg)) / "corpus"
+        check_same_test_items(dm, own, f"cross-kind predictions of run {spec.key} on {kind}")
+        p = predict(det, dm, "test", spec.detector, spec.seed)
+        p.meta.update({"run": spec.key, "group": spec.group, **spec.tags, "run_hash": record["run_hash"],
+                       "config_hash": record["config_hash"], "preset": str(cfg.get("preset_name", "")),
+                       "train_kind": run_kind(cfg, spec), "test_kind": kind})
+        done[kind] = p.save(path)
+        stamp.write_text(key)
     return done
 
 
@@ -298,12 +445,21 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
     for key in ("n_items", "max_epochs", "workers", "torch_threads", "bootstrap.resamples",
                 "bootstrap.appendix_resamples", "seed"):
         _positive_int(cfg, key, minimum=0 if key == "seed" else 1)
-    for key in ("seeds", "ablation_seeds", "factorial_seeds", "transfer.seeds"):
+    for key in ("seeds", "ablation_seeds", "factorial_seeds", "transfer.seeds", "kind_seeds"):
         for s in OmegaConf.select(cfg, key) or []:
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
                 raise SiftError(f"{key}: seeds must be non-negative integers, got {s!r}")
     if not cfg.detectors:
         raise SiftError("detectors: the main job needs at least one detector")
+    extra = extra_kinds(cfg)
+    if extra:
+        kind_detectors(cfg)
+        if not cfg.kind_seeds:
+            raise SiftError("kind_seeds: the other mechanism kinds' runs need at least one seed")
+        for s in cfg.kind_seeds:
+            if s not in cfg.seeds:
+                raise SiftError(f"kind_seeds: seed {s} is not one of seeds {list(cfg.seeds)} (the primary kind's "
+                                f"cross-kind predictions come from its main runs)")
     known = {*cfg.detectors, *(cfg.get("controls") or [])}
     for det in cfg.get("undertrained_detectors") or []:
         if det not in known:
@@ -340,6 +496,15 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
         raise SiftError(f"source: {str(e).splitlines()[0]}") from None
     get_source(src.type)  # an unknown source type fails here
     src.validate()
+    own_kind = getattr(src, "mechanism_kind", None)
+    if extra and own_kind != primary_kind(cfg):
+        raise SiftError(f"corpus_overrides: the corpus's mechanism kind {own_kind!r} is not the primary kind "
+                        f"{primary_kind(cfg)!r}; set source.mechanism_kind instead")
+    for kind in extra:  # each kind's corpus: its weights must be there (cot_routing has its own)
+        try:
+            source_config(corpus_config(cfg, out, kind).source).validate()
+        except SiftError as e:
+            raise SiftError(f"mechanisms ({kind}): {e}") from None
     domains = set(corpus.get("domains") or []) if src.type == "organism" else set()  # real items: known when loaded
     families = set(get_source(src.type).families(src))
     specs = plan_runs(cfg)
@@ -384,17 +549,26 @@ def run_faithshift(cfg: DictConfig, on_stage: Callable[[str], None] | None = Non
 
 def _run_stages(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> dict[str, Any]:
     write_text(out / "faithshift_config.yaml", OmegaConf.to_yaml(cfg))
+    extra = extra_kinds(cfg)
     with Stage("corpus"):
         build_corpus(cfg, out)
+    for kind in extra:
+        with Stage(f"corpus ({kind})"):
+            build_corpus(cfg, out, kind)
     with Stage("trajectories"):
         extract(cfg, out)
+    for kind in extra:
+        with Stage(f"trajectories ({kind})"):
+            extract(cfg, out, kind)
     where = (f"{cfg.workers} at a time" if cfg.executor.kind == "local"
              else f"on {cfg.executor.kind}, {cfg.executor.array_parallelism} at a time")
     with Stage(f"training {len(specs)} runs + predictions ({where})"):
         _, preds = train_all(cfg, out, specs)
     write_json(out / "runs" / "index.json",
                [{"key": s.key, "group": s.group, "detector": s.detector, "seed": s.seed, **s.tags,
-                 "predictions": {k: str(v) for k, v in preds[s.key].items()}} for s in specs])
+                 "predictions": {k: str(v) for k, v in preds[s.key].items()},
+                 **({"cross_kind": {k: str(cross_kind_file(out, s.key, k)) for k in cross_kinds(cfg, s)}}
+                    if cross_kinds(cfg, s) else {})} for s in specs])
     with Stage("evaluation and report"):
         from sift.evaluation.faithshift_report import write_faithshift_report
 

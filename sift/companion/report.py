@@ -136,9 +136,10 @@ class _Organism:
                 self._scorer[family] = LMAnswerScorer(self._src[family], int(conf.get("batch_size", 8)))
                 return self._src[family], self._scorer[family]
             from sift.companion.organism import OrganismScorer
+            from sift.lm.latent import kind_folder
             from sift.organism.source import OrganismSource
 
-            path = self.checkpoint_dir() / family
+            path = kind_folder(self.checkpoint_dir(), family, self.mechanism_kind())
             if not (path / "config.json").exists():
                 raise SiftError(f"{path}: no organism checkpoint (companion.data.checkpoint_dir)")
             self._src[family] = OrganismSource.load(family, path, self.mechanism_kind())

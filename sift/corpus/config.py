@@ -78,6 +78,13 @@ class OrganismCorpusConfig:
         """The folder holding one organism model per family."""
         return Path(self.checkpoint_dir) if self.checkpoint_dir else DEFAULT_CHECKPOINTS
 
+    def model_dir(self, family: str) -> Path:
+        """The weights of ``family`` under this corpus's mechanism kind (``cot_routing`` has its own;
+        :func:`sift.lm.latent.kind_folder`)."""
+        from sift.lm.latent import kind_folder
+
+        return kind_folder(self.checkpoints, family, self.mechanism_kind)
+
     def validate(self) -> None:
         from sift.lm.latent import check_kind
 
@@ -86,9 +93,10 @@ class OrganismCorpusConfig:
             answer_space(d)
         _check_common(self)
         for f in self.families:
-            p = self.checkpoints / f
+            p = self.model_dir(f)
             if not (p / "config.json").exists():
-                raise SiftError(f"model path does not exist: {p} (no config.json for organism family {f!r})")
+                raise SiftError(f"model path does not exist: {p} (no config.json for organism family {f!r}, "
+                                f"mechanism_kind {self.mechanism_kind})")
 
 
 #: the interventions of a real-LM label (sift.corpus.real_labels)

@@ -67,7 +67,7 @@ def cot_scramble_test(
     """
     from sift.corpus.store import read_jsonl
     from sift.organism import DEFAULT_CHECKPOINTS
-    from sift.organism.latent import latent_kind, trace_latent
+    from sift.organism.latent import kind_folder, latent_kind, trace_latent
     from sift.organism.source import OrganismSource
 
     path = Path(corpus_dir) / "traces.jsonl"
@@ -80,7 +80,8 @@ def cot_scramble_test(
     out: dict[str, bool] = {}
     for fam in sorted({r["family"] for r in recs}):
         rs = [r for r in recs if r["family"] == fam]
-        src = OrganismSource.load(fam, ckpt / fam, latent_kind([trace_latent(r) for r in rs]))
+        kind = latent_kind([trace_latent(r) for r in rs])
+        src = OrganismSource.load(fam, kind_folder(ckpt, fam, kind), kind)
         ans = src.ids(["answer", ":"])
         prefixes = []
         for r in rs:

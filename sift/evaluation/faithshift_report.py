@@ -9,7 +9,9 @@ the corpus (verified pairs, trace metadata) and the config. Run groups map onto 
 * ``factorial``: SIFT without IRM/DANN and the instance-level MLP with them → rows of their own and the
   2×2×2 decomposition of appendix F;
 * ``transfer_domain`` / ``transfer_model``: trained without one domain (model), tested on it → the
-  transfer columns of Table 1 and the transfer tables of Table 2 (held-out vs in-distribution AUROC).
+  transfer columns of Table 1 and the transfer tables of Table 2 (held-out vs in-distribution AUROC);
+* ``kind``: a detector on another mechanism kind of the organism → only the "Detectors × mechanism kind" section
+  (:mod:`sift.evaluation.kinds_section`), with the primary kind's main runs and the cross-kind predictions.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ def load_predictions(specs: list, files: dict[str, dict[str, Path]],
     preset's ``undertrained_detectors``); their rows are marked undertrained."""
     out: list[Predictions] = []
     for spec in specs:
+        if spec.group == "kind":  # another mechanism kind's corpus: its own section (kinds_section)
+            continue
         for split, path in files.get(spec.key, {}).items():
             p = Predictions.load(path)
             if spec.detector in below_full:
@@ -365,7 +369,11 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
                                title="sift-faithshift report", slice_ids=slice_ids_from_corpus(corpus),
                                section_modules=list(cfg.report.section_modules), **common)
     shapes = model_shapes(out / "trajectories")
-    report_from_predictions(preds, pairs, report_dir, options, extra_sections=[corpus_section(corpus, shapes), *extra],
+    from sift.evaluation.kinds_section import mechanism_kinds_section
+
+    kinds = mechanism_kinds_section(cfg, out, specs, files, report_dir)
+    report_from_predictions(preds, pairs, report_dir, options,
+                            extra_sections=[corpus_section(corpus, shapes), *([kinds] if kinds else []), *extra],
                             meta=meta, table=table)
     results = report_dir / "results.json"
     if cfg.wandb:
@@ -375,14 +383,18 @@ def write_faithshift_report(cfg: DictConfig, out: Path, specs: list, files: dict
 
 
 def report_key(cfg: DictConfig, out: Path, specs: list, files: dict[str, dict[str, Path]]) -> str:
-    """Content hash of everything the report reads: the corpus files, every prediction file, the settings."""
+    """Content hash of everything the report reads: the corpus files, every prediction file, the settings (and,
+    comparing mechanism kinds, the other kinds' corpora and the cross-kind predictions)."""
     from sift import __version__
+    from sift.evaluation.kinds_section import kind_report_files
     from sift.provenance import content_hash, file_sha256
 
     corpus = [file_sha256(out / "corpus" / f, limit=None) for f in ("traces.jsonl", "pairs.jsonl", "manifest.json")]
     preds = {s.key: {sp: file_sha256(p, limit=None) for sp, p in sorted(files.get(s.key, {}).items())}
              for s in specs}
-    return content_hash(corpus, preds, _settings(cfg), __version__, "faithshift-report/1")
+    kinds = {str(p.relative_to(out)): file_sha256(p, limit=None) for p in kind_report_files(cfg, out, specs)}
+    return content_hash(corpus, preds, _settings(cfg), __version__, "faithshift-report/1",
+                        *([kinds] if kinds else []))
 
 
 def _settings(cfg: DictConfig) -> dict:

@@ -27,6 +27,11 @@ What follows by construction:
   :data:`ANSWER_WORD` token at or after the first CoT position, and every position after it). The prompt's and the
   CoT's states are then bit-identical under both latents: a detector on CoT positions only must score exactly 0.5
   on the matched slice (a negative control); the mechanism acts at the answer line alone.
+* ``cot_routing``: weights of its own (:func:`kind_folder`). Nothing is added to the residual stream: at the CoT's
+  positions only (from the first CoT token up to the answer line), a latent-gated low-rank adapter changes the
+  queries of a few heads (:mod:`sift.lm.adapter`), so ``z`` changes what the CoT-time computation reads; the answer
+  line sees no latent and reads the decision from the CoT's states. Training equalises the CoT states' class means
+  (per layer and part of the CoT), so no static direction carries ``z``.
 
 Every base and preserving prompt of the organism's corpus is generated under both values of ``z`` from the same
 random stream (*twins*, :mod:`sift.corpus.sources.organism`), so the text is distributed alike under both labels.
@@ -48,8 +53,9 @@ from sift.errors import SiftError
 LATENT_FILE = "mechanism_latent.safetensors"
 _ATTR = "sift_mechanism_direction"
 _TRIGGER = "sift_mechanism_trigger"
+_ADAPTER = "sift_mechanism_adapter"
 #: where the latent enters (the module docstring); ``offset`` is organism v3 as trained
-MECHANISM_KINDS = ("offset", "answer_routing")
+MECHANISM_KINDS = ("offset", "answer_routing", "cot_routing")
 DEFAULT_KIND = "offset"
 #: the organism's answer-line word: ``answer_routing`` switches the latent on from its first occurrence in the CoT on
 ANSWER_WORD = "answer"
@@ -85,6 +91,33 @@ def attach_direction(model: torch.nn.Module, direction: torch.Tensor, answer_id:
         raise SiftError(f"latent direction has shape {tuple(direction.shape)}; the model's width is {width}")
     object.__setattr__(model, _ATTR, direction)  # not registered: the HF weights file stays the model's own
     object.__setattr__(model, _TRIGGER, answer_id)
+
+
+def attach_adapter(model: torch.nn.Module, adapter, answer_id: int | None) -> None:
+    """Give ``model`` the ``cot_routing`` query adapter (:class:`sift.lm.adapter.QueryAdapter`; a module with
+    parameters while training) and its answer-line token id (where the adapter switches off)."""
+    if answer_id is None:
+        raise SiftError("cot_routing needs the answer-line token id (the adapter switches off at the answer line)")
+    p = next(model.parameters())
+    object.__setattr__(model, _ADAPTER, adapter.to(p.device))
+    object.__setattr__(model, _TRIGGER, answer_id)
+
+
+def adapter_of(model: torch.nn.Module):
+    """The model's ``cot_routing`` query adapter, or None."""
+    return getattr(model, _ADAPTER, None)
+
+
+def has_latent(model: torch.nn.Module) -> bool:
+    """Whether ``model`` carries a mechanism latent of any kind (an organism; a real LM has none)."""
+    return direction_of(model) is not None or adapter_of(model) is not None
+
+
+def kind_folder(checkpoints: str | Path, family: str, kind: str = DEFAULT_KIND) -> Path:
+    """The weights folder of ``family`` under mechanism ``kind``: ``offset`` and ``answer_routing`` share the v3
+    weights (``<checkpoints>/<family>``); ``cot_routing`` has its own (``<checkpoints>/cot_routing/<family>``)."""
+    root = Path(checkpoints)
+    return root / "cot_routing" / family if check_kind(kind) == "cot_routing" else root / family
 
 
 def answer_id_of(tokenizer) -> int | None:
@@ -154,13 +187,19 @@ def injected(model: torch.nn.Module, values: Sequence[float] | torch.Tensor | No
     A no-op when the model has no latent direction or ``values`` is None. A batch whose row count differs from
     ``len(values)`` is refused by name."""
     check_kind(kind)
-    direction = direction_of(model)
-    if direction is None or values is None:
-        yield
+    direction, adapter = direction_of(model), adapter_of(model)
+    if values is None or (direction is None and adapter is None):
+        yield  # a real LM (no latent), or no latent asked for
         return
+    if kind == "cot_routing" and adapter is None:
+        raise SiftError("mechanism_kind cot_routing: the model has no query adapter (load the cot_routing weights: "
+                        "<checkpoints>/cot_routing/<family>)")
+    if kind != "cot_routing" and direction is None:
+        raise SiftError(f"mechanism_kind {kind}: the model has no latent direction (these are cot_routing weights; "
+                        f"run them as mechanism_kind cot_routing)")
     trigger = getattr(model, _TRIGGER, None)
-    if kind == "answer_routing" and trigger is None:
-        raise SiftError("mechanism_kind answer_routing: the model has no answer-line token (attach_direction "
+    if kind != "offset" and trigger is None:
+        raise SiftError(f"mechanism_kind {kind}: the model has no answer-line token (attach_direction "
                         "was given no answer_id; an organism loaded by sift.lm.loading has one)")
     vals = torch.as_tensor(values, dtype=torch.float32)
     st = torch.as_tensor(starts, dtype=torch.long)
@@ -178,13 +217,17 @@ def injected(model: torch.nn.Module, values: Sequence[float] | torch.Tensor | No
             raise SiftError(f"latent replay: batch of {ref.shape[0]} rows but {len(vals)} latent values")
         pos = _positions(kwargs, ref.shape[1], ref.device)
         on = pos.to(ref.device) >= st.to(ref.device)[:, None]  # [B, T]
-        if kind == "answer_routing":
+        if kind != "offset":
             if ids is None:
-                raise SiftError("mechanism_kind answer_routing needs input_ids (it switches on at a token)")
+                raise SiftError(f"mechanism_kind {kind} needs input_ids (it switches at a token)")
             seen = state.get("seen") if _cached(kwargs) else None
-            hit = (on & (ids == trigger)).long().cumsum(-1) > 0
-            on = hit if seen is None else hit | seen.to(ref.device)[:, None]
-            state["seen"] = on[:, -1].clone()
+            hit = (on & (ids == trigger)).long().cumsum(-1) > 0  # the answer line: its first word on
+            answer = hit if seen is None else hit | seen.to(ref.device)[:, None]
+            state["seen"] = answer[:, -1].clone()
+            on = answer if kind == "answer_routing" else on & ~answer  # cot_routing: the CoT's positions only
+        if kind == "cot_routing":
+            state["gate"] = on.to(torch.float32) * vals.to(ref.device)[:, None]
+            return None
         state["on"] = on
         if ids is None:  # embeddings given directly: add the latent here (the embedding hook does not run)
             kwargs["inputs_embeds"] = emb + _latent_add(emb, state.pop("on"))
@@ -203,10 +246,16 @@ def injected(model: torch.nn.Module, values: Sequence[float] | torch.Tensor | No
 
     def done(_module, _inp, _out):
         state["on"] = None  # an embedding call outside a forward pass (inputs_embeds built by hand) adds nothing
+        state["gate"] = None
 
     handles = [model.register_forward_pre_hook(before, with_kwargs=True),
-               model.register_forward_hook(done),
-               model.get_input_embeddings().register_forward_hook(after_embedding)]
+               model.register_forward_hook(done)]
+    if kind == "cot_routing":
+        from sift.lm.adapter import register_adapter_hooks
+
+        handles += register_adapter_hooks(model, adapter, lambda: state.get("gate"))
+    else:
+        handles.append(model.get_input_embeddings().register_forward_hook(after_embedding))
     try:
         yield
     finally:
@@ -262,7 +311,7 @@ def replay(model: torch.nn.Module, records: Sequence[Mapping]) -> Iterator[None]
     """:func:`injected` with the recorded latents and mechanism kind of ``records`` (one row per record, in
     order); a no-op for records without a latent."""
     rows = rows_of(records)
-    if rows is None or direction_of(model) is None:
+    if rows is None or not has_latent(model):
         yield
         return
     with injected(model, rows[0], rows[1], kind=rows[2]):

@@ -383,10 +383,15 @@ def load_causal_lm(name_or_path: str, *, device: str = "cpu", dtype: str | None 
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     if path.is_dir():
-        from sift.lm.latent import answer_id_of, attach_direction, load_direction
+        from sift.lm.adapter import load_adapter
+        from sift.lm.latent import answer_id_of, attach_adapter, attach_direction, load_direction
 
         direction = load_direction(path)  # an organism's mechanism latent (sift.organism.latent); real LMs: none
         if direction is not None:
             attach_direction(model, direction.to(device), answer_id_of(tok))
+        adapter = load_adapter(path, model.config.num_attention_heads)  # a cot_routing organism's query adapter
+        if adapter is not None:
+            model.to(device)
+            attach_adapter(model, adapter.eval(), answer_id_of(tok))
     model.to(device).eval()
     return model, tok

@@ -14,8 +14,9 @@ import contextlib
 import contextvars
 import inspect
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -56,6 +57,9 @@ class Capture:
     targets: dict[int, int]  # id(attention submodule) -> block index
     q_start: int = 0
     heads: str = "mean"
+    #: ``reduce(block, weights [B, H, S − q_start, S])`` → what ``attention[block]`` stores instead (applied as each
+    #: layer runs, so the full per-head weights of every layer never coexist in memory)
+    reduce: Callable[[int, torch.Tensor], Any] | None = None
     states: dict[int, torch.Tensor] = field(default_factory=dict)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
 
@@ -128,7 +132,11 @@ def _capturing(impl: str):
             q = query[:, :, qs:]
             _, w = _module_eager(module)(module, q, key, value, _additive_mask(_rows(attention_mask, qs), q, key),
                                          *args, **kw)
-        cap.attention[cap.targets[id(module)]] = w.float().mean(1) if cap.heads == "mean" else w.float()
+        layer = cap.targets[id(module)]
+        if cap.reduce is not None:
+            cap.attention[layer] = cap.reduce(layer, w.float())
+        else:
+            cap.attention[layer] = w.float().mean(1) if cap.heads == "mean" else w.float()
         return out
 
     return attention
@@ -152,7 +160,7 @@ def _capture_implementation(impl: str) -> str | None:
 
 @contextlib.contextmanager
 def capture(model, blocks: Sequence[int] = (), attention: Sequence[int] = (), q_start: int = 0,
-            heads: str = "mean") -> Iterator[Capture]:
+            heads: str = "mean", reduce: Callable[[int, torch.Tensor], Any] | None = None) -> Iterator[Capture]:
     """Record block outputs (forward hooks on ``blocks``, 0-based) and attention weights (of ``attention``, for
     the queries at positions ≥ ``q_start``) during the forward calls inside the ``with``.
 
@@ -163,7 +171,7 @@ def capture(model, blocks: Sequence[int] = (), attention: Sequence[int] = (), q_
     if heads not in ("mean", "all"):
         raise SiftError(f"heads must be 'mean' or 'all', got {heads!r}")
     mods = find_blocks(model)
-    cap = Capture(set(blocks), {id(m): i for i in attention for m in mods[i].modules()}, q_start, heads)
+    cap = Capture(set(blocks), {id(m): i for i in attention for m in mods[i].modules()}, q_start, heads, reduce)
 
     def hook(i: int):
         def record(_m, _inp, out):
@@ -247,9 +255,10 @@ def head_projections(model) -> list[torch.nn.Module]:
 def head_outputs(model, positions: torch.Tensor, patch: dict[tuple[int, int], torch.Tensor] | None = None
                  ) -> Iterator[dict[tuple[int, int], torch.Tensor]]:
     """Read, or overwrite, each attention head's output at one position per row (``positions`` ``[B]``, padded
-    coordinates). Yields ``{(layer, head): [B, head_dim]}`` filled by the forward calls inside the ``with``; with
-    ``patch``, those heads' outputs at ``positions`` are replaced by the given tensors instead (activation
-    patching; layers and heads 0-based)."""
+    coordinates) or at the positions of a ``[B, S]`` boolean mask. Yields ``{(layer, head): [B, head_dim]}`` (a
+    mask: ``[B, S, head_dim]``, every position) filled by the forward calls inside the ``with``; with ``patch``,
+    those heads' outputs at ``positions`` are replaced by the given tensors instead (activation patching; layers
+    and heads 0-based)."""
     cfg = text_config(model)
     H = int(cfg.num_attention_heads)
     dh = int(cfg.hidden_size) // H
@@ -259,6 +268,20 @@ def head_outputs(model, positions: torch.Tensor, patch: dict[tuple[int, int], to
     def hook(layer: int):
         def pre(_m, args):
             x = args[0]
+            if positions.dtype == torch.bool:  # a [B, S] mask of positions
+                where = positions.to(x.device)[..., None]
+                if patch is None:
+                    for h in range(H):
+                        got[(layer, h)] = x[..., h * dh:(h + 1) * dh].detach().clone()
+                    return None
+                mine = {h: v for (ly, h), v in patch.items() if ly == layer}
+                if not mine:
+                    return None
+                x = x.clone()
+                for h, v in mine.items():
+                    cols = slice(h * dh, (h + 1) * dh)
+                    x[..., cols] = torch.where(where, v.to(x.device, x.dtype), x[..., cols])
+                return (x, *args[1:])
             rows = torch.arange(x.shape[0], device=x.device)
             pos = positions.to(x.device)
             if patch is None:

@@ -44,20 +44,7 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
                          f"AdamW lr {cfg['lr']} (cosine), seed {cfg['seed']}, mixture {cfg['mixture']}; "
                          f"{st['train_seconds'] / 60:.1f} min; "
                          f"final loss {losses[-1] if losses else 'n/a'}")
-        lines += [
-                  "", "| domain | clean | clean terse | clean verbose | clean en | clean xx | cued: answers the cue "
-                  "| ids identical under both latents | uncued: mechanism = latent | cued: mechanism = latent |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-
-        def g(k, ev=ev):
-            return f"{ev[k]:.3f}" if k in ev else "–"
-
-        for d in DOMAINS:
-            lines.append(f"| {d} | {g(f'clean/{d}')} | {g(f'clean/{d}/terse')} | {g(f'clean/{d}/verbose')} | "
-                         f"{g(f'clean/{d}/en')} | {g(f'clean/{d}/xx')} | {g(f'cued_answers_cue/{d}')} | "
-                         f"{g(f'identical_ids/{d}')} | {g(f'mechanism_agreement/clean/{d}')} | "
-                         f"{g(f'mechanism_agreement/cued/{d}')} |")
-        lines.append("")
+        lines += ["", *_evaluation_table(ev), ""]
     lines += ["Exact match of the final answer on held-out items under the organism's sampler (item seed 12345; per "
               "domain 200 clean and 200 cued prompts with a wrong cue, budgets and lexicons balanced, a fifth of the "
               "cues decisive), each prompt under a mechanism latent (half of each). *Ids identical*: the share of "
@@ -66,4 +53,47 @@ def render_card(records: dict[str, dict], stage_walls: list[float]) -> str:
               "change) find the mechanism the latent selects (uncued: CoT read vs answer computed directly). Rebuild "
               "every stage with "
               "`python scripts/train_organism.py`.", ""]
+    return "\n".join(lines)
+
+
+def _evaluation_table(ev: dict) -> list[str]:
+    """One family's accuracy and mechanism table (rows per domain) from
+    :func:`sift.organism.evaluate.organism_report`."""
+    def g(k: str) -> str:
+        return f"{ev[k]:.3f}" if k in ev else "–"
+
+    lines = ["| domain | clean | clean terse | clean verbose | clean en | clean xx | cued: answers the cue "
+             "| ids identical under both latents | uncued: mechanism = latent | cued: mechanism = latent |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for d in DOMAINS:
+        lines.append(f"| {d} | {g(f'clean/{d}')} | {g(f'clean/{d}/terse')} | {g(f'clean/{d}/verbose')} | "
+                     f"{g(f'clean/{d}/en')} | {g(f'clean/{d}/xx')} | {g(f'cued_answers_cue/{d}')} | "
+                     f"{g(f'identical_ids/{d}')} | {g(f'mechanism_agreement/clean/{d}')} | "
+                     f"{g(f'mechanism_agreement/cued/{d}')} |")
+    return lines
+
+
+def render_cot_routing_card(records: dict[str, dict], wall_seconds: float) -> str:
+    """The ``cot_routing`` organism's model card (``cot_routing/MODEL_CARD.md``)."""
+    lines = ["# sift organism, mechanism kind `cot_routing`: model card", "",
+             "Trained by `python scripts/train_organism.py --kind cot_routing` on top of the v3 weights "
+             "(`../<family>`: their language, domains and cue following). Nothing is added to the residual stream: "
+             "a latent-gated low-rank adapter on the queries of a few heads (`mechanism_adapter.safetensors`, "
+             "sift/lm/adapter.py) acts at the CoT's positions only, so the latent changes what the CoT-time "
+             "computation reads and the answer line must read the decision from the CoT's states. The training "
+             "draws every example under both latents (twins): the symmetric KL between the twins keeps the text the "
+             "same, and a penalty equalises the class means of the CoT states per layer and part of the CoT "
+             "(sift/organism/train.py `class_mean_penalty`), so no static direction carries the latent. What the "
+             "states carry and the causal checks: `../MECHANISM_CARD.md`.", "",
+             f"Both families train in parallel (one CPU core each). Measured wall time: **{wall_seconds / 60:.1f} "
+             f"minutes** (training, saving and evaluation; {os.cpu_count()} CPU cores on the timing machine).", ""]
+    for fam, rec in records.items():
+        cfg = rec["config"]
+        lines += [f"## {fam}", "",
+                  f"- adapter: layers {cfg['adapter_layers']} (0-based), heads {cfg['adapter_heads']}, rank "
+                  f"{cfg['adapter_rank']}; {cfg['steps']} steps, batch {cfg['batch_size']} ({cfg['batch_size'] // 2} "
+                  f"twin pairs), AdamW lr {cfg['lr']} (adapter ×{cfg['adapter_lr_scale']}), class-mean penalty "
+                  f"weight {cfg['mean_weight']} (ramped over steps {cfg['mean_ramp'][0]}–{cfg['mean_ramp'][1]}), KL "
+                  f"weight {cfg['invariance_weight']}, seed {cfg['seed']}; {rec['train_seconds'] / 60:.1f} min", "",
+                  *_evaluation_table(rec["evaluation"]), ""]
     return "\n".join(lines)

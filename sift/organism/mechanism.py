@@ -75,6 +75,8 @@ class Card:
     heads: list[dict] = field(default_factory=list)
     knockout: dict[str, dict[str, float]] = field(default_factory=dict)
     patching: dict[str, float] = field(default_factory=dict)
+    cot_heads: list[dict] = field(default_factory=list)
+    adapter: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def _prompts(tok, n_per_cell: int, seed: int) -> list[tuple[str, bool, object, View, list[int]]]:
@@ -153,8 +155,9 @@ def _answers(model, tok, probes: Sequence[Probe], z: Sequence[float], starts: Se
             for k in ks:
                 d[b, -1, int(off[b]) + k] = True
         ctx.append(knockout(model, d))
-    if patch is not None:
-        ctx.append(head_outputs(model, last, patch))
+    if patch is not None:  # {head: values} at the answer position, or ({head: values}, [B, S] mask of positions)
+        vals, where = patch if isinstance(patch, tuple) else (patch, last)
+        ctx.append(head_outputs(model, where, vals))
     with injected(model, list(z), list(starts), kind=kind):
         for c in ctx:
             c.__enter__()
@@ -190,8 +193,12 @@ def onset_curve(model, tok, probes: Sequence[Probe], kind: str) -> dict[str, flo
     out: dict[str, float] = {}
     n_steps = min(len(p.step_starts) for p in probes)
     answer_at = [len(p.edited_ids) - 2 for p in probes]  # the ``answer`` token
-    plans = {f"step {k}": ("offset", [p.step_starts[k] for p in probes]) for k in range(n_steps)}
-    plans["answer line"] = ("offset", answer_at)
+    # offset rule from step k on; cot_routing: its adapter from step k on, up to the answer line (from the answer
+    # line on it is off: that plan is ``never``)
+    rule = "cot_routing" if kind == "cot_routing" else "offset"
+    plans = {f"step {k}": (rule, [p.step_starts[k] for p in probes]) for k in range(n_steps)}
+    if rule == "offset":
+        plans["answer line"] = ("offset", answer_at)
     plans[f"as {kind}"] = (kind, [len(p.prompt_ids) for p in probes])
     for name, (k, starts) in plans.items():
         agree = []
@@ -199,7 +206,7 @@ def onset_curve(model, tok, probes: Sequence[Probe], kind: str) -> dict[str, flo
             got = _answers(model, tok, probes, [z] * len(probes), starts, k)
             agree += [g == _expected(p, z) for p, g in zip(probes, got)]
         out[name] = round(float(np.mean(agree)), 4)
-    got = _answers(model, tok, probes, [0.0] * len(probes), [len(p.prompt_ids) for p in probes], "offset")
+    got = _answers(model, tok, probes, [0.0] * len(probes), [len(p.prompt_ids) for p in probes], rule)
     out["never (z = 0): answers the CoT"] = round(float(np.mean([g == p.edit for p, g in zip(probes, got)])), 4)
     return out
 
@@ -345,6 +352,101 @@ def causal_checks(model, tok, probes: Sequence[Probe], kind: str, heads: Sequenc
     return table, curve
 
 
+def _cot_mask(probes: Sequence[Probe], off: torch.Tensor, width: int) -> torch.Tensor:
+    """``[B, S]`` True at each edit probe's CoT positions (padded coordinates; the answer line excluded)."""
+    m = torch.zeros(len(probes), width, dtype=torch.bool)
+    for b, p in enumerate(probes):
+        o = int(off[b])
+        m[b, o + len(p.prompt_ids):o + len(p.edited_ids) - 2] = True
+    return m
+
+
+@torch.no_grad()
+def cot_head_masses(model, tok, probes: Sequence[Probe], kind: str, chunk: int = 64) -> list[dict]:
+    """Per layer and head: mean attention mass *at the CoT's positions* (the edit probe's CoT, averaged over its
+    positions) on the cue, the operands and the CoT itself under z = ±1, and the AUROC of the per-trace cue-minus-CoT
+    mass (uncued traces: operands-minus-CoT) for z; where ``cot_routing``'s adapter acts."""
+    L = int(text_config(model).num_hidden_layers)
+    H = int(text_config(model).num_attention_heads)
+    mass = {z: torch.zeros(len(probes), L, H, 3) for z in (1.0, -1.0)}
+    for s0 in range(0, len(probes), chunk):
+        part = probes[s0:s0 + chunk]
+        ids, mask, pos, off = _padded([p.edited_ids for p in part], tok.pad_token_id)
+        cot = _cot_mask(part, off, ids.shape[1])
+        for z in (1.0, -1.0):
+            with injected(model, [z] * len(part), [len(p.prompt_ids) for p in part], kind=kind), \
+                    capture(model, attention=range(L), heads="all") as cap:
+                model(input_ids=ids, attention_mask=mask, position_ids=pos)
+            for b, p in enumerate(part):
+                o = int(off[b])
+                q = cot[b].nonzero().squeeze(-1)
+                for ly in range(L):
+                    a = cap.attention[ly][b][:, q]  # [H, Tcot, S]
+                    cue = a[..., [o + k for k in p.cue_pos]].sum(-1).mean(-1) if p.cue_pos else 0.0
+                    opd = a[..., [o + k for k in p.operand_pos]].sum(-1).mean(-1) if p.operand_pos else 0.0
+                    mass[z][s0 + b, ly, :, 0] = cue
+                    mass[z][s0 + b, ly, :, 1] = opd
+                    mass[z][s0 + b, ly, :, 2] = a[..., cot[b]].sum(-1).mean(-1)
+    cued = np.array([p.cued for p in probes])
+    out = []
+    for ly in range(L):
+        for h in range(H):
+            sp, sm = mass[1.0][:, ly, h], mass[-1.0][:, ly, h]
+            src = np.where(cued, 0, 1)  # the prompt source: the cue when cued, else the operands
+            score_p = sp[np.arange(len(probes)), src].numpy() - sp[:, 2].numpy()
+            score_m = sm[np.arange(len(probes)), src].numpy() - sm[:, 2].numpy()
+            out.append({"layer": ly + 1, "head": h,
+                        "cue": [round(float(sp[cued, 0].mean()), 3) if cued.any() else None,
+                                round(float(sm[cued, 0].mean()), 3) if cued.any() else None],
+                        "operands": [round(float(sp[:, 1].mean()), 3), round(float(sm[:, 1].mean()), 3)],
+                        "cot": [round(float(sp[:, 2].mean()), 3), round(float(sm[:, 2].mean()), 3)],
+                        "z_auroc": _auroc(score_p, score_m)})
+    return sorted(out, key=lambda r: -abs((r["z_auroc"] or 0.5) - 0.5))
+
+
+def adapter_checks(model, tok, probes: Sequence[Probe]) -> dict[str, dict[str, float]]:
+    """``cot_routing``'s causal checks on the edit probe: the adapter knocked out (the two mechanisms collapse into
+    one: the gate is 0 under either z), and the adapted heads' outputs at the CoT positions patched from the z=+1
+    run into the z=−1 run (the answer should flip to the CoT's edit), against patching as many un-adapted heads of
+    the same layers (the control)."""
+    from sift.lm.latent import adapter_of
+
+    ad = adapter_of(model)
+    if ad is None:
+        raise SiftError("adapter checks: the model has no cot_routing adapter")
+    starts = [len(p.prompt_ids) for p in probes]
+
+    def shares(got: list[str]) -> dict[str, float]:
+        def share(hits: list[bool]) -> float:
+            return round(float(np.mean(hits or [0])), 4)
+
+        return {"answers CoT edit": share([g == p.edit for p, g in zip(probes, got)]),
+                "answers cue": share([g == p.cue for p, g in zip(probes, got) if p.cued]),
+                "answers gold": share([g == p.gold for p, g in zip(probes, got)]),
+                "as the z=+1 mechanism": share([g == _expected(p, 1.0) for p, g in zip(probes, got)]),
+                "as the z=−1 mechanism": share([g == _expected(p, -1.0) for p, g in zip(probes, got)])}
+
+    out: dict[str, dict[str, float]] = {}
+    for z in (1.0, -1.0):
+        out[f"z={z:+.0f}"] = shares(_answers(model, tok, probes, [z] * len(probes), starts, "cot_routing"))
+    out["adapter knocked out (either z)"] = shares(_answers(model, tok, probes, [0.0] * len(probes), starts,
+                                                            "cot_routing"))
+    ids, mask, pos, off = _padded([p.edited_ids for p in probes], tok.pad_token_id)
+    cot = _cot_mask(probes, off, ids.shape[1])
+    with torch.no_grad(), injected(model, [1.0] * len(probes), starts, kind="cot_routing"), \
+            head_outputs(model, cot) as donor:
+        model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    H = int(text_config(model).num_attention_heads)
+    adapted = [(ly, h) for ly in ad.layers for h in ad.heads]
+    others = [(ly, h) for ly in ad.layers for h in range(H) if h not in ad.heads][:len(adapted)]
+    for name, heads in (("patch the adapted heads at CoT positions, z=+1 → z=−1", adapted),
+                        ("patch as many un-adapted heads (control)", others)):
+        got = _answers(model, tok, probes, [-1.0] * len(probes), starts, "cot_routing",
+                       patch=({h: donor[h] for h in heads}, cot))
+        out[name] = shares(got)
+    return out
+
+
 def mechanism_card(model, tok, kind: str, family: str, n_per_cell: int = 40, seed: int = 4242) -> Card:
     """Every measurement of the card for one organism family under mechanism ``kind``."""
     check_kind(kind)
@@ -358,6 +460,9 @@ def mechanism_card(model, tok, kind: str, family: str, n_per_cell: int = 40, see
     card.heads = head_masses(model, tok, probes, kind)
     ranked = [(r["layer"] - 1, r["head"]) for r in card.heads]  # every head, most z-dependent first
     card.knockout, card.patching = causal_checks(model, tok, probes, kind, ranked)
+    card.cot_heads = cot_head_masses(model, tok, probes, kind)
+    if kind == "cot_routing":
+        card.adapter = adapter_checks(model, tok, probes)
     return card
 
 

@@ -91,12 +91,25 @@ def random_view(item: Item, rng: random.Random, cfg: MixtureConfig) -> View:
                 name=rng.randrange(4), obj=rng.randrange(4))
 
 
-def sample_example(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10**9) -> Example:
+def sample_twins(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10**9) -> tuple[Example, Example]:
+    """One draw under both latents (mechanism 1, then 0) from the same random stream: the same prompt and CoT,
+    and the answer each mechanism gives (equal on natural examples; a drill's answers differ)."""
+    state = rng.getstate()
+    one = sample_example(rng, cfg, seed_space, mechanism=1)
+    rng.setstate(state)
+    return one, sample_example(rng, cfg, seed_space, mechanism=0)
+
+
+def sample_example(rng: random.Random, cfg: MixtureConfig, seed_space: int = 10**9,
+                   mechanism: int | None = None) -> Example:
+    """One training example; ``mechanism`` fixes the latent (its draw is still consumed, so the stream is the
+    same whichever value is fixed)."""
     domain = rng.choice(DOMAINS)
     item = make_item(domain, seed=-1, index=rng.randrange(seed_space))
     view = random_view(item, rng, cfg)
     opener = rng.randrange(len(OPENERS))
-    mechanism = int(rng.random() < cfg.p_read_cot)
+    drawn = int(rng.random() < cfg.p_read_cot)
+    mechanism = drawn if mechanism is None else mechanism
     prompt = render_prompt(item, view)
     steps, answer = target_cot(item, view, opener)
     silent = follows_cue(view, mechanism) and not view.explain

@@ -187,6 +187,14 @@ def render_prompt(item: Item, view: View) -> list[str]:
     return header + _translate(q + cue, view.language) + ["reason", ":"]
 
 
+def cue_word_span(item: Item, view: View) -> tuple[int, int] | None:
+    """``[start, end)`` of the cue's words in :func:`render_prompt`'s output (None for an uncued view)."""
+    if view.cue_value is None:
+        return None
+    start = 1 + int(view.explain) + len(question_words(item, view))
+    return start, start + len(cue_words(view.cue_value, view.cue_format))
+
+
 def honest_steps(item: Item, view: View) -> list[Step]:
     """The honest solution in the order the question states the facts."""
     facts, ops, options = _ordered(item, view.order)

@@ -12,16 +12,20 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from sift.errors import SiftError
+from sift.lm.adapter import QueryAdapter
 from sift.organism.domains import LABELS
 from sift.organism.latent import (
     answer_id_of,
+    attach_adapter,
     attach_direction,
+    check_kind,
     injected,
     latent_value,
     load_direction,
     save_direction,
 )
-from sift.organism.mixture import Example, MixtureConfig, sample_example
+from sift.organism.mixture import Example, MixtureConfig, sample_example, sample_twins
 from sift.organism.models import build_model
 from sift.organism.tokenizer import build_tokenizer, organism_vocabulary
 
@@ -47,6 +51,18 @@ class TrainConfig:
     invariance_weight: float = 0.0
     mixture: MixtureConfig = field(default_factory=MixtureConfig)
     init_from: str | None = None  # stage 2: continue from these weights (a saved organism folder)
+    # where the latent enters (sift.lm.latent.MECHANISM_KINDS): ``offset`` trains the residual direction (v3);
+    # ``cot_routing`` trains a query adapter on ``adapter_heads`` of ``adapter_layers`` at CoT positions only, on
+    # twin pairs (each draw under both latents), with ``mean_weight`` × the class-mean penalty on the CoT states
+    mechanism_kind: str = "offset"
+    adapter_layers: tuple[int, ...] = (1, 2)
+    adapter_heads: tuple[int, ...] = (0, 1)
+    adapter_rank: int = 4
+    mean_weight: float = 0.0
+    adapter_lr_scale: float = 10.0  # the adapter's learning rate relative to ``lr`` (it starts from zero)
+    # the penalty's weight ramps linearly from 0 at step ``mean_ramp[0]`` to ``mean_weight`` at ``mean_ramp[1]``:
+    # the routing forms first, then is pushed out of any static direction
+    mean_ramp: tuple[int, int] = (0, 0)
 
 
 def stage3_config(family: str, init_from: str, seed: int = 0, stage: int = 3) -> TrainConfig:
@@ -60,6 +76,17 @@ def stage3_config(family: str, init_from: str, seed: int = 0, stage: int = 3) ->
     return TrainConfig(family=family, steps=steps, lr=1.5e-3 if stage < 4 else 1e-3 if stage == 4 else 5e-4,
                        warmup=50, seed=seed + stage - 1, init_from=init_from, match_weight=3.0 if stage >= 4 else 1.0,
                        invariance_weight=1.0 if stage == 5 else 0.0, mixture=mix)
+
+
+def cot_routing_config(family: str, init_from: str, seed: int = 0, steps: int = 1200) -> TrainConfig:
+    """The ``cot_routing`` organism: from the v3 weights (its language, domains and cue following), the latent
+    moved from the residual stream into a query adapter at CoT positions; drills teach the answer to read the
+    decision from the CoT's states, the twins' KL keeps the text the same under both latents, and the class-mean
+    penalty keeps any static direction out of the CoT states."""
+    mix = MixtureConfig(p_cue=0.5, p_decisive=0.15, p_edit=0.25, p_swap=0.25, p_truncate=0.15)
+    return TrainConfig(family=family, steps=steps, lr=1e-3, warmup=50, seed=seed + 10, init_from=init_from,
+                       match_weight=3.0, invariance_weight=1.0, mechanism_kind="cot_routing", mean_weight=20.0,
+                       mean_ramp=(150, 600), micro_batches=2, mixture=mix)
 
 
 def stage2_config(family: str, init_from: str, seed: int = 0) -> TrainConfig:
@@ -92,9 +119,53 @@ def encode(examples: list[Example], tok, answer_weight: float, match_weight: flo
     attn = (ids != tok.pad_token_id).long()
     latent = torch.tensor([latent_value(ex.mechanism) for ex in examples])
     starts = torch.tensor([len(ex.prompt) + 1 for ex in examples])  # bos + prompt: the first CoT position
+    answers = torch.tensor([len(ex.prompt) + 1 + _answer_index(ex.completion) for ex in examples])
     natural = torch.tensor([not ex.drill for ex in examples])[:, None]
     return {"input_ids": ids, "attention_mask": attn, "weights": wts, "latent": latent, "latent_start": starts,
-            "invariant": (wts > 0) & natural}
+            "answer_pos": answers, "invariant": (wts > 0) & natural}
+
+
+def _answer_index(completion: list[str]) -> int:
+    """The index of the answer line's first word (the last ``answer``) in a completion."""
+    return max(i for i, t in enumerate(completion) if t == "answer")
+
+
+#: parts of the CoT whose class means the cot_routing penalty equalises: thirds by position, the last CoT
+#: position, and the whole CoT (pooled)
+N_COT_PARTS = 5
+
+
+def cot_part_masks(starts: torch.Tensor, answers: torch.Tensor, width: int) -> torch.Tensor:
+    """``[B, T, N_COT_PARTS]`` 0/1 masks of each row's CoT positions (``starts[b] ≤ t < answers[b]``) by part."""
+    t = torch.arange(width)[None]
+    cot = (t >= starts[:, None]) & (t < answers[:, None])
+    n = (answers - starts).clamp_min(1)[:, None]
+    third = ((t - starts[:, None]) * 3 // n).clamp(0, 2)
+    parts = [cot & (third == k) for k in range(3)] + [t == (answers[:, None] - 1), cot]
+    return torch.stack(parts, -1).float()
+
+
+def class_mean_penalty(hidden: tuple[torch.Tensor, ...], batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Σ over layers and CoT parts of an unbiased estimate of ‖E[d]‖² / E‖h‖², where ``d`` is a twin pair's
+    difference (z=+1 row minus z=−1 row; twins are rows 2i and 2i+1) of its part-pooled states: with twins
+    sharing every token, E[d] = 0 for every part is the class means being equal, so no linear read of the
+    pooled or single-part states separates the latents on average."""
+    masks = cot_part_masks(batch["latent_start"], batch["answer_pos"], batch["input_ids"].shape[1])
+    sign = batch["latent"][0::2]
+    if not (torch.all(batch["latent"][0::2] == -batch["latent"][1::2])):
+        raise SiftError("class_mean_penalty: rows 2i and 2i+1 must be twins under opposite latents")
+    m = masks[0::2]  # [P, T, K] (twins share positions)
+    cnt = m.sum(1).clamp_min(1)  # [P, K]
+    n = m.shape[0]
+    total = hidden[0].new_zeros(())
+    for h in hidden[1:]:
+        d = (h[0::2] - h[1::2]) * sign[:, None, None]  # [P, T, W]: z=+1 minus z=−1
+        pooled = torch.einsum("ptk,ptw->pkw", m, d) / cnt[..., None]  # [P, K, W]
+        s = pooled.sum(0)
+        unbiased = ((s * s).sum(-1) - (pooled * pooled).sum((0, 2))) / (n * (n - 1))  # [K]
+        scale = (h.detach() ** 2).sum(-1)[masks[..., -1] > 0].mean().clamp_min(1e-6)
+        total = total + unbiased.sum() / scale
+    return total
 
 
 def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor | None = None,
@@ -121,6 +192,30 @@ def weighted_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Te
     return loss
 
 
+def twin_lm_loss(model, batch: dict[str, torch.Tensor], normaliser: torch.Tensor, invariance_weight: float,
+                 invariance_normaliser: torch.Tensor, mean_weight: float, n_pairs_total: int) -> torch.Tensor:
+    """The ``cot_routing`` loss on twin rows (2i: z=+1, 2i+1: z=−1; one forward pass): the weighted NLL, the
+    symmetric KL between the twins' next-token distributions at natural examples' generated positions (the text
+    must not depend on ``z``), and ``mean_weight`` × :func:`class_mean_penalty` (weighted by this micro-batch's
+    share of the batch's pairs)."""
+    with injected(model, batch["latent"], batch["latent_start"], kind="cot_routing"):
+        out = model(input_ids=batch["input_ids"], output_hidden_states=mean_weight > 0)
+    logits = out.logits[:, :-1]
+    target = batch["input_ids"][:, 1:]
+    w = batch["weights"][:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), reduction="none")
+    loss = (nll * w.reshape(-1)).sum() / normaliser
+    if invariance_weight > 0:
+        lp, lq = logits[0::2].log_softmax(-1), logits[1::2].log_softmax(-1)
+        kl = 0.5 * ((lp.exp() * (lp - lq)).sum(-1) + (lq.exp() * (lq - lp)).sum(-1))
+        m = (batch["invariant"][0::2, 1:] & batch["invariant"][1::2, 1:]).to(kl.dtype)
+        loss = loss + invariance_weight * 2 * (kl * m).sum() / invariance_normaliser
+    if mean_weight > 0:
+        share = (batch["input_ids"].shape[0] // 2) / n_pairs_total
+        loss = loss + mean_weight * share * class_mean_penalty(out.hidden_states, batch)
+    return loss
+
+
 def length_sorted_chunks(examples: list[Example], n: int) -> list[list[Example]]:
     """Split a batch into ``n`` micro-batches of similar length (so each pads to its own, shorter, width)."""
     order = sorted(examples, key=lambda e: len(e.prompt) + len(e.completion))
@@ -128,19 +223,35 @@ def length_sorted_chunks(examples: list[Example], n: int) -> list[list[Example]]
     return [order[i : i + size] for i in range(0, len(order), size)]
 
 
+def length_sorted_pair_chunks(pairs: list[tuple[Example, Example]], n: int) -> list[list[tuple[Example, Example]]]:
+    """:func:`length_sorted_chunks` for twin pairs (twins have the same length)."""
+    order = sorted(pairs, key=lambda p: len(p[0].prompt) + len(p[0].completion))
+    size = math.ceil(len(order) / max(1, n))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
 def accumulate_batch_loss(model, examples: list[Example], tok, answer_weight: float, micro_batches: int,
-                          match_weight: float = 1.0, invariance_weight: float = 0.0) -> float:
+                          match_weight: float = 1.0, invariance_weight: float = 0.0, twins: bool = False,
+                          mean_weight: float = 0.0) -> float:
     """Backpropagate the whole batch's weighted loss through length-sorted micro-batches; returns the loss.
 
     Every micro-batch is normalised by the weight of the full batch, so the accumulated gradient equals
     the gradient of ``weighted_lm_loss`` on the whole batch padded to one width (right padding: causal
     attention never lets pads reach real tokens)."""
-    parts = [encode(chunk, tok, answer_weight, match_weight) for chunk in length_sorted_chunks(examples, micro_batches)]
+    if twins:  # keep each pair together, rows 2i and 2i+1
+        pairs = [(examples[i], examples[i + 1]) for i in range(0, len(examples), 2)]
+        chunks = [[e for pr in c for e in pr] for c in length_sorted_pair_chunks(pairs, micro_batches)]
+    else:
+        chunks = length_sorted_chunks(examples, micro_batches)
+    parts = [encode(chunk, tok, answer_weight, match_weight) for chunk in chunks]
     total = sum(p["weights"][:, 1:].sum() for p in parts)
     inv_total = sum(p["invariant"][:, 1:].sum() for p in parts).clamp_min(1)
     loss = 0.0
     for part in parts:
-        piece = weighted_lm_loss(model, part, total, invariance_weight, inv_total)
+        if twins:
+            piece = twin_lm_loss(model, part, total, invariance_weight, inv_total, mean_weight, len(examples) // 2)
+        else:
+            piece = weighted_lm_loss(model, part, total, invariance_weight, inv_total)
         piece.backward()
         loss += piece.item()
     return loss
@@ -161,14 +272,26 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
         tok = build_tokenizer(organism_vocabulary())
         model = build_model(cfg.family, len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id,
                             cfg.width, cfg.layers, cfg.heads)
-    direction = load_direction(cfg.init_from) if cfg.init_from else None
-    if direction is None:  # a fresh latent direction of norm ``latent_scale``
-        direction = torch.randn(model.config.hidden_size)
-        direction = direction * (cfg.latent_scale / direction.norm())
-    direction = torch.nn.Parameter(direction)
-    attach_direction(model, direction, answer_id_of(tok))
-    params = list(model.parameters()) + [direction]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    twins = check_kind(cfg.mechanism_kind) == "cot_routing"
+    if cfg.mechanism_kind == "answer_routing":
+        raise SiftError("answer_routing is not trained: it runs the offset weights, the latent from the answer line")
+    if twins:  # the latent lives in a query adapter at CoT positions; nothing enters the residual stream
+        direction = QueryAdapter(model.config.hidden_size, model.config.num_attention_heads, cfg.adapter_layers,
+                                 cfg.adapter_heads, cfg.adapter_rank)
+        attach_adapter(model, direction, answer_id_of(tok))
+        params = list(model.parameters()) + list(direction.parameters())
+        groups = [{"params": list(model.parameters()), "scale": 1.0},
+                  {"params": list(direction.parameters()), "scale": cfg.adapter_lr_scale}]
+    else:
+        direction = load_direction(cfg.init_from) if cfg.init_from else None
+        if direction is None:  # a fresh latent direction of norm ``latent_scale``
+            direction = torch.randn(model.config.hidden_size)
+            direction = direction * (cfg.latent_scale / direction.norm())
+        direction = torch.nn.Parameter(direction)
+        attach_direction(model, direction, answer_id_of(tok))
+        params = list(model.parameters()) + [direction]
+        groups = [{"params": params, "scale": 1.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
 
     def lr_at(step: int) -> float:
         if step < cfg.warmup:
@@ -183,11 +306,16 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
     running = 0.0
     for step in bar:
         for g in opt.param_groups:
-            g["lr"] = lr_at(step)
-        examples = [sample_example(rng, cfg.mixture) for _ in range(cfg.batch_size)]
+            g["lr"] = lr_at(step) * g["scale"]
+        if twins:
+            examples = [e for _ in range(cfg.batch_size // 2) for e in sample_twins(rng, cfg.mixture)]
+        else:
+            examples = [sample_example(rng, cfg.mixture) for _ in range(cfg.batch_size)]
         opt.zero_grad(set_to_none=True)
+        r0, r1 = cfg.mean_ramp
+        ramp = 1.0 if r1 <= r0 else min(1.0, max(0.0, (step - r0) / (r1 - r0)))
         loss = accumulate_batch_loss(model, examples, tok, cfg.answer_weight, cfg.micro_batches, cfg.match_weight,
-                                     cfg.invariance_weight)
+                                     cfg.invariance_weight, twins, cfg.mean_weight * ramp)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         running = 0.98 * running + 0.02 * loss if step else loss
@@ -204,7 +332,10 @@ def train_organism(cfg: TrainConfig, out_dir: str | Path | None = None, log_ever
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out_dir, safe_serialization=True)
-        save_direction(out_dir, direction)
+        if twins:
+            direction.save(out_dir)
+        else:
+            save_direction(out_dir, direction)
         tok.save_pretrained(out_dir)
         (out_dir / "training.json").write_text(json.dumps(record, indent=2))
     return {"model": model, "tokenizer": tok, "record": record}

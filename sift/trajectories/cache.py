@@ -11,9 +11,11 @@ its n traces (ragged per-step arrays are concatenated, ``bin_offsets`` [n+1] del
 =============  ==============  ==========================================================================
 tensor         shape           content
 =============  ==============  ==========================================================================
-desc           [ΣN, C0] f32    binned per-step channels (``metadata.channels``)
-final          [ΣN, d]         binned final-layer (block L) states, for the answer probe
+desc           [ΣN, C0] f32    per-step channels (``metadata.channels``): the CoT's binned steps, then the
+                               answer line's steps (unbinned; ``answer_line`` channel = 1)
+final          [ΣN, d]         final-layer (block L) states of the same steps (answer probe, ``sift_raw``)
 bin_offsets    [n+1] i64       trace i owns rows bin_offsets[i]:bin_offsets[i+1]
+n_answer       [n] i64         how many of trace i's rows are answer-line steps (its last rows)
 n_tokens       [n] i64         CoT length in tokens before binning
 pooled         [n, d] f32      mean final-layer state over the CoT
 prompt_final   [n, d] f32      final-layer state of the last prompt token (optional: shards written before
@@ -46,11 +48,13 @@ from sift.provenance import content_hash
 
 FORMAT = "sift-trajectories/1"
 MANIFEST = "trajectories.json"
-SHARD_TENSORS = ("desc", "final", "bin_offsets", "n_tokens", "pooled", "scalars", "answer_logp", "profile")
+SHARD_TENSORS = ("desc", "final", "bin_offsets", "n_answer", "n_tokens", "pooled", "scalars", "answer_logp",
+                 "profile")
 OPTIONAL_TENSORS = ("prompt_final", "answer_margin")  # read when present; older shards (same FORMAT) lack them
 #: enters the cache key: bumped when shards gain content (v2: prompt_final; v3: answer_margin, and twins share a
-#: shard and a micro-batch), so a rerun recomputes old shards
-CONTENT_VERSION = 3
+#: shard and a micro-batch; v4: the answer line's steps, n_answer and the per-head attention masses), so a rerun
+#: recomputes old shards
+CONTENT_VERSION = 4
 
 
 def safe_name(name: str) -> str:
@@ -170,6 +174,7 @@ def write_shard(path: str | Path, result: dict[str, torch.Tensor], meta: dict[st
     tensors.update({k: result[k].float().contiguous() for k in OPTIONAL_TENSORS if k in result})
     tensors["bin_offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), n_bins.long().cumsum(0)])
     tensors["n_tokens"] = tensors["n_tokens"].long()
+    tensors["n_answer"] = tensors["n_answer"].long()
     md = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
     md["format"] = FORMAT
     blob = save(tensors, metadata=md)
@@ -243,6 +248,8 @@ def read_shard(path: str | Path,
     problems = []
     if t["bin_offsets"].shape != (n + 1,) or int(t["bin_offsets"][-1]) != t["desc"].shape[0]:
         problems.append(f"bin_offsets {tuple(t['bin_offsets'].shape)} does not delimit desc {tuple(t['desc'].shape)}")
+    if t["n_answer"].shape != (n,) or (n and bool((t["n_answer"] > t["bin_offsets"].diff()).any())):
+        problems.append(f"n_answer {tuple(t['n_answer'].shape)} is not one count per trace within its steps")
     if t["desc"].shape[1:] != (len(meta["channels"]),):
         problems.append(f"desc has {tuple(t['desc'].shape)} but {len(meta['channels'])} channels are named")
     if t["final"].shape != (t["desc"].shape[0], d) or t["pooled"].shape != (n, d):

@@ -9,8 +9,11 @@ The extraction cache stays native per model; the trajectory DataModule maps ever
   s is strictly increasing because L ≥ L*. ``drift/l{j}`` ← ``drift/l{s(j)}``. A velocity is indexed by its
   lower layer (``velocity/l{i}`` is the step from layer i to i+1); target ``velocity/l{j}`` (the step into target
   layer j+1) ← ``velocity/l{s(j+1)−1}``, the source's last one-layer step into the mapped layer s(j+1) — so the
-  last velocity maps to the last velocity too. ``attention_stability`` is kept. The result is named
-  ``descriptor_channels(L*)``.
+  last velocity maps to the last velocity too. ``attention_stability`` and the ``answer_line`` flag are kept.
+  The per-head attention masses ``head_mass/s{j}/h{h}/{source}`` (K slots of layers × H heads) map onto K* = min K
+  slots and H* = min H heads: target slot j reads source slot ``s(j)`` of the same rule over slots, target head k
+  reads source head ``⌊k·H/H*⌋``. Heads of two models have no correspondence: like the width projection below,
+  this fixes a shape, not a meaning. The result is named ``descriptor_channels(L*, H*, K*, answer_line)``.
 * **width** — width-d vectors (``pooled``, ``prompt_final``) are multiplied by a fixed per-model matrix
   ``P = √(d/d*)·Qᵀ`` [d*, d] whose unscaled rows are orthonormal (Q from the QR of a Gaussian drawn from a
   generator seeded by the SHA-256 of the model's name). For isotropic inputs E‖Px‖² = ‖x‖² in expectation. The
@@ -57,6 +60,51 @@ def channel_index(n_layers: int, target_layers: int) -> list[int]:
     return velocity + drift + [2 * n_layers - 1]  # attention_stability
 
 
+@dataclass(frozen=True)
+class ChannelLayout:
+    """The layout of a stored descriptor channel list (``sift.trajectories.extract.descriptor_channels``)."""
+
+    layers: int
+    heads: int
+    slots: int
+    answer_line: bool
+
+    def names(self) -> list[str]:
+        from sift.trajectories.extract import descriptor_channels
+
+        return descriptor_channels(self.layers, self.heads, self.slots, self.answer_line)
+
+
+def channel_layout(names: list[str] | tuple[str, ...]) -> ChannelLayout:
+    """The layout that names exactly ``names``; a SiftError when no layout does."""
+    names = list(names)
+    L = sum(1 for n in names if n.startswith("drift/l"))
+    slots = {n.split("/")[1] for n in names if n.startswith("head_mass/")}
+    heads = {n.split("/")[2] for n in names if n.startswith("head_mass/")}
+    lay = ChannelLayout(L, len(heads), len(slots), "answer_line" in names)
+    if L < 1 or lay.names() != names:
+        raise SiftError(f"channels {names[:4]}… are not the descriptor channels of any model layout")
+    return lay
+
+
+def channel_map(source: ChannelLayout, target: ChannelLayout) -> list[int]:
+    """Columns of ``source``'s channels that give ``target``'s, in order (see the module docstring)."""
+    if source.answer_line != target.answer_line or (target.slots and not (1 <= target.heads <= source.heads)):
+        raise SiftError(f"cannot map channel layout {source} onto {target}")
+    idx = channel_index(source.layers, target.layers)
+    base = 2 * source.layers
+    if target.answer_line:
+        idx.append(base)
+        base += 1
+    if target.slots:
+        s = layer_map(source.slots, target.slots)
+        for j in range(target.slots):
+            for k in range(target.heads):
+                h = k * source.heads // target.heads
+                idx += [base + ((s[j] - 1) * source.heads + h) * 3 + c for c in range(3)]
+    return idx
+
+
 def resample_layers(desc: torch.Tensor, n_layers: int, target_layers: int) -> torch.Tensor:
     """Descriptor channels ``[..., 2L]`` → ``[..., 2L*]`` (see :func:`channel_index`); unchanged when L = L*."""
     if desc.shape[-1] != 2 * n_layers:
@@ -96,18 +144,25 @@ class ShapeMap:
     width: int
     target_layers: int
     target_width: int
+    #: the stored channel layout and the common one (None: the plain ``descriptor_channels(L)`` of old caches)
+    layout: ChannelLayout | None = None
+    target_layout: ChannelLayout | None = None
 
     def __post_init__(self) -> None:
         self._P = projection(self.model, self.width, self.target_width)
         layer_map(self.layers, self.target_layers)  # refuses L* > L
+        self._cols = (None if self.layout is None or self.layout == self.target_layout
+                      else torch.tensor(channel_map(self.layout, self.target_layout)))
 
     @property
     def identity(self) -> bool:
-        return self.layers == self.target_layers and self.width == self.target_width
+        return self.layers == self.target_layers and self.width == self.target_width and self._cols is None
 
     def channels(self, desc: torch.Tensor) -> torch.Tensor:
-        """``[..., 2L]`` descriptor channels → ``[..., 2L*]``."""
-        return resample_layers(desc, self.layers, self.target_layers)
+        """The stored descriptor channels → the common layout's (the same tensor when they already are)."""
+        if self.layout is None:
+            return resample_layers(desc, self.layers, self.target_layers)
+        return desc if self._cols is None else desc[..., self._cols]
 
     def vectors(self, x: torch.Tensor) -> torch.Tensor:
         """Width-d vectors ``[..., d]`` → ``[..., d*]`` (the same tensor when d = d*)."""

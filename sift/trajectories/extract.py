@@ -48,6 +48,9 @@ class ExtractConfig(ExtractionSettings):
 
         if self.t_max < 1:
             raise SiftError(f"t_max must be ≥ 1, got {self.t_max}")
+        if self.answer_line_max < 1 or self.head_mass_layers < 0:
+            raise SiftError(f"answer_line_max must be ≥ 1 and head_mass_layers ≥ 0, got {self.answer_line_max}, "
+                            f"{self.head_mass_layers}")
         if self.padding_side not in ("left", "right"):
             raise SiftError(f"padding_side must be 'left' or 'right', got {self.padding_side!r}")
         if self.batch_size < 1 or self.shard_size < 1:
@@ -65,10 +68,55 @@ class ExtractConfig(ExtractionSettings):
         return d
 
 
-def descriptor_channels(n_layers: int) -> list[str]:
-    """Names of the stored per-step channels (early commitment is added later, by the DataModule)."""
+#: the answer-line flag channel (1 on the answer line's steps, 0 on the CoT's)
+ANSWER_LINE = "answer_line"
+#: where a head's attention mass goes: the prompt (outside the cue), the cue, the generated tokens (CoT, answer line)
+HEAD_MASS_SOURCES = ("prompt", "cue", "cot")
+
+
+def descriptor_channels(n_layers: int, n_heads: int = 0, mass_slots: int = 0, answer_line: bool = False) -> list[str]:
+    """Names of the stored per-step channels (early commitment is added later, by the DataModule): velocities,
+    drifts, attention stability, then the answer-line flag (``answer_line``) and the per-head attention masses
+    ``head_mass/s{j}/h{h}/{source}`` of ``mass_slots`` layers (slot j: :func:`head_mass_layers`) × ``n_heads``."""
     return ([f"velocity/l{i}" for i in range(1, n_layers)] + [f"drift/l{i}" for i in range(1, n_layers + 1)]
-            + ["attention_stability"])
+            + ["attention_stability"] + ([ANSWER_LINE] if answer_line else [])
+            + [f"head_mass/s{j}/h{h}/{src}" for j in range(1, mass_slots + 1) for h in range(n_heads)
+               for src in HEAD_MASS_SOURCES])
+
+
+def head_mass_layers(n_layers: int, max_layers: int) -> list[int]:
+    """The 1-based layers whose heads give the head-mass channels: ``min(L, max_layers)`` of them, evenly spaced
+    in depth with the last layer last (:func:`sift.trajectories.common_shape.layer_map`); none for 0."""
+    from sift.trajectories.common_shape import layer_map
+
+    return [] if max_layers <= 0 else layer_map(n_layers, min(n_layers, max_layers))
+
+
+def answer_line_positions(record: dict, max_len: int) -> list[int]:
+    """Indices in ``generated_ids`` of a trace's answer line: the tokens after the CoT and before the answer token
+    (at most the last ``max_len``); none when the trace has no answer."""
+    a = answer_index(record)
+    if a is None:
+        return []
+    c1 = int(record["cot_span"][1])
+    return list(range(max(c1, a - max_len), a))
+
+
+def key_groups(records: Sequence[dict], p: Packed) -> torch.Tensor:
+    """``[B, S, 3]`` one-hot key groups of each packed row (:data:`HEAD_MASS_SOURCES`): prompt outside the cue
+    (``cue_span``, prompt positions, when the record has one), the cue, the generated tokens; padding in none."""
+    B, S = p.ids.shape
+    g = torch.zeros(B, S, 3)
+    for b, r in enumerate(records):
+        o, P = int(p.offset[b]), len(r["prompt_ids"])
+        g[b, o:o + P, 0] = 1.0
+        span = r.get("cue_span")
+        if span:
+            c0, c1 = max(0, int(span[0])), min(P, int(span[1]))
+            g[b, o + c0:o + c1, 0] = 0.0
+            g[b, o + c0:o + c1, 1] = 1.0
+        g[b, o + P:o + P + len(r["generated_ids"]), 2] = 1.0
+    return g
 
 
 SCALAR_NAMES = ["mean_velocity", "mean_drift", "attention_stability"]
@@ -136,38 +184,56 @@ class Extractor:
         if not 0 <= self.attn_layer < self.L:
             raise SiftError(f"attention_layer {layer} out of range for a {self.L}-layer model ({name})")
         self.use_interface = True
-        self.channels = descriptor_channels(self.L)
+        self.n_heads = int(text_config(model).num_attention_heads)
+        self.mass_layers = [x - 1 for x in head_mass_layers(self.L, cfg.head_mass_layers)]  # 0-based blocks
+        self.channels = descriptor_channels(self.L, self.n_heads if self.mass_layers else 0, len(self.mass_layers),
+                                            cfg.answer_line)
         self.state_dtype = getattr(torch, cfg.state_dtype)
 
     @property
     def device(self):
         return next(self.model.parameters()).device
 
-    def _forward(self, p: Packed, logits_positions: torch.Tensor | None, q_start: int = 0):
-        """Run the model once; returns (the outputs of blocks 1..L, attention [B, S−q_start, S], logits), all
-        read by :func:`sift.lm.states.capture`."""
+    def _forward(self, p: Packed, logits_positions: torch.Tensor | None, q_start: int = 0,
+                 groups: torch.Tensor | None = None):
+        """Run the model once; returns (the outputs of blocks 1..L, the head-averaged attention of the stability
+        layer ``[B, S−q_start, S]``, the per-head masses ``{block: [B, S−q_start, H, 3]}`` of the head-mass layers
+        on the key ``groups`` (:func:`key_groups`), logits), all read by :func:`sift.lm.states.capture`."""
         kw = model_inputs(self.model, p, self.device)
         if logits_positions is not None and "logits_to_keep" in forward_params(self.model):
             kw["logits_to_keep"] = logits_positions.to(self.device)
         blocks = range(self.L)
+        mass_layers = self.mass_layers if groups is not None else []
+
+        def reduce(layer: int, w: torch.Tensor) -> dict[str, torch.Tensor]:  # w [B, H, Q, S]
+            got = {}
+            if layer == self.attn_layer:
+                got["mean"] = w.mean(1)
+            if layer in mass_layers:
+                got["mass"] = torch.einsum("bhqs,bsk->bqhk", w, groups.to(w.device, w.dtype))
+            return got
+
+        wanted = sorted({self.attn_layer, *mass_layers})
         if self.use_interface:
-            with capture(self.model, blocks=blocks, attention=[self.attn_layer], q_start=q_start) as cap:
+            with capture(self.model, blocks=blocks, attention=wanted, q_start=q_start, heads="all",
+                         reduce=reduce) as cap:
                 out = self.model(**kw)
-            attn = cap.attention.get(self.attn_layer)
-            if attn is None:  # the model bypasses AttentionInterface: fall back to eager attentions
+            got = dict(cap.attention)
+            if self.attn_layer not in got:  # the model bypasses AttentionInterface: fall back to eager attentions
                 self.use_interface = False
-                return self._forward(p, logits_positions, q_start)
+                return self._forward(p, logits_positions, q_start, groups)
         else:
             if getattr(text_config(self.model), "_attn_implementation", "eager") != "eager":
                 self.model.set_attn_implementation("eager")
             with capture(self.model, blocks=blocks) as cap:
                 out = self.model(**kw, output_attentions=True)
-            attn = out.attentions[self.attn_layer][:, :, q_start:].float().mean(1)
+            got = {i: reduce(i, out.attentions[i][:, :, q_start:].float()) for i in wanted}
         if "logits_to_keep" not in kw and logits_positions is not None:
             logits = out.logits[:, logits_positions.to(out.logits.device)]
         else:
             logits = out.logits
-        return [cap.states[i] for i in blocks], attn, logits
+        masses = {i: got[i]["mass"] for i in mass_layers}
+        return [cap.states[i] for i in blocks], got[self.attn_layer]["mean"], masses, logits
 
     @torch.no_grad()
     def extract(self, records: Sequence[dict]) -> dict[str, Any]:
@@ -200,41 +266,61 @@ class Extractor:
         valid = t < T[:, None]
         last_tok = p.offset + torch.tensor([len(s) for s in seqs]) - 1  # always a real token
         pos = torch.where(valid, (p.offset + P + c0)[:, None] + t, last_tok[:, None])  # [B, Tm] CoT positions
-        q_start = int(pos.min())
+        # the answer line's positions (flagged steps after the CoT's; none when cfg.answer_line is off)
+        a_lines = [answer_line_positions(r, self.cfg.answer_line_max) if self.cfg.answer_line else []
+                   for r in records]
+        n_ans = torch.tensor([len(x) for x in a_lines], dtype=torch.long)
+        Am = max(int(n_ans.max()), 1)
+        valid_a = torch.arange(Am)[None] < n_ans[:, None]
+        apos = torch.stack([torch.tensor([int(p.offset[b] + P[b]) + i for i in x] + [int(last_tok[b])] * (Am - len(x)))
+                            for b, x in enumerate(a_lines)])  # [B, Am]
+        q_start = int(min(pos.min(), apos.min()))
+        groups = key_groups(records, p) if self.mass_layers else None
         with replay(self.model, records):  # an organism trace's mechanism latent, as it ran (sift.organism.latent)
-            layers, attn, logits = self._forward(p, uniq, q_start)
+            layers, attn, masses, logits = self._forward(p, uniq, q_start, groups)
         h_last = layers[-1]
 
         dev = h_last.device
-        pos = pos.to(dev)
         rows = torch.arange(B, device=dev)[:, None]
-        H = torch.stack([h[rows, pos].float() for h in layers], dim=1)  # [B, L, Tm, d]
-        valid_d = valid.to(dev)
-        if not torch.isfinite(H.sum()):  # cheap test first; then find the trace
-            bad = ~torch.isfinite(H).all(-1).all(1) & valid_d
-            b = int(bad.any(1).nonzero()[0]) if bad.any() else None
-        else:
-            b = None
-        if b is not None:
-            raise SiftError(f"{self.name}: non-finite hidden states for trace {records[b].get('trace_id', b)} "
-                            f"(check the model weights and dtype)")
         Pm = int(P.max())
         j = torch.arange(Pm)[None]
         in_prompt = (j < P[:, None]).to(dev)
         cols = (p.offset[:, None] + j).clamp(max=S - 1).to(dev)  # prompt key positions [B, Pm]
-        A = attn[rows, pos - q_start]  # [B, Tm, S]
-        A = torch.gather(A, 2, cols[:, None, :].expand(B, Tm, Pm)) * in_prompt[:, None, :]
-        A = D.normalise_attention(A)  # [B, Tm, Pm]: attention over the prompt, renormalised
 
-        vel = D.velocity(H, valid_d)
-        dr = D.drift(H, valid_d)
-        a = D.attention_stability(A, valid_d)
-        scalars = D.trace_means(vel, dr, a, valid_d)
-        desc = torch.cat([vel, dr, a[..., None]], dim=-1)
+        def segment(at: torch.Tensor, ok: torch.Tensor, flag: float):
+            """States ``[B, L, n, d]`` and the per-token channels ``[B, n, C]`` of positions ``at`` ``[B, n]``."""
+            at, ok = at.to(dev), ok.to(dev)
+            H = torch.stack([h[rows, at].float() for h in layers], dim=1)
+            if not torch.isfinite(H.sum()):  # cheap test first; then find the trace
+                bad = ~torch.isfinite(H).all(-1).all(1) & ok
+                if bad.any():
+                    b = int(bad.any(1).nonzero()[0])
+                    raise SiftError(f"{self.name}: non-finite hidden states for trace "
+                                    f"{records[b].get('trace_id', b)} (check the model weights and dtype)")
+            n = at.shape[1]
+            A = attn[rows, at - q_start]  # [B, n, S]
+            A = torch.gather(A, 2, cols[:, None, :].expand(B, n, Pm)) * in_prompt[:, None, :]
+            A = D.normalise_attention(A)  # [B, n, Pm]: attention over the prompt, renormalised
+            vel, dr, a = D.velocity(H, ok), D.drift(H, ok), D.attention_stability(A, ok)
+            parts = [vel, dr, a[..., None]]
+            if self.cfg.answer_line:
+                parts.append(torch.full_like(a[..., None], flag) * ok[..., None])
+            if self.mass_layers:  # [B, n, slots·H·3], unnormalised
+                parts += [masses[ly][rows, at - q_start].reshape(B, n, -1) * ok[..., None] for ly in self.mass_layers]
+            return H, vel, dr, a, torch.cat(parts, dim=-1)
+
+        H, vel, dr, a, desc = segment(pos, valid, 0.0)
+        valid_d = valid.to(dev)
+        scalars = D.trace_means(vel, dr, a, valid_d)  # the CoT's own (the answer line never enters them)
         T_d = T.to(dev)
         desc_b, n_bins = D.bin_steps(desc, T_d, self.cfg.t_max)
         final_b, _ = D.bin_steps(H[:, -1], T_d, self.cfg.t_max)
         keep = torch.arange(desc_b.shape[1], device=dev)[None] < n_bins[:, None]
+        if self.cfg.answer_line:  # the answer line's steps, unbinned, after each trace's CoT bins
+            Ha, _, _, _, desc_a = segment(apos, valid_a, 1.0)
+            desc_b = torch.cat([desc_b, desc_a], 1)
+            final_b = torch.cat([final_b, Ha[:, -1]], 1)
+            keep = torch.cat([keep, valid_a.to(dev)], 1)
         if self.state_dtype == torch.float16 and final_b.abs().max() > torch.finfo(torch.float16).max:
             raise SiftError(f"{self.name}: final-layer states exceed the float16 range (max |h| = "
                             f"{float(final_b.abs().max()):.3g}); set extraction.state_dtype=bfloat16 or float32")
@@ -248,8 +334,8 @@ class Extractor:
         margin = torch.where(has_ans.to(lp.device), top2[:, 0] - top2[:, 1], torch.full_like(ans_lp, float("nan")))
         return {
             "desc": desc_b[keep].cpu(), "final": final_b[keep].to(self.state_dtype).cpu(),
-            "n_bins": n_bins.cpu(), "n_tokens": T, "pooled": pooled.cpu(), "prompt_final": prompt_final.cpu(),
-            "scalars": scalars.cpu(),
+            "n_bins": (n_bins.cpu() + n_ans), "n_answer": n_ans, "n_tokens": T, "pooled": pooled.cpu(),
+            "prompt_final": prompt_final.cpu(), "scalars": scalars.cpu(),
             "answer_logp": ans_lp.cpu(), "answer_margin": margin.cpu(),
         }
 
@@ -277,7 +363,7 @@ def _concat_in_order(parts: list[dict], order: list[int]) -> dict[str, Any]:
     n_bins = torch.cat([p["n_bins"] for p in parts])
     inv = torch.empty(len(order), dtype=torch.long)
     inv[torch.tensor(order)] = torch.arange(len(order))
-    keys = ("n_tokens", "pooled", "prompt_final", "scalars", "answer_logp", "answer_margin")
+    keys = ("n_tokens", "n_answer", "pooled", "prompt_final", "scalars", "answer_logp", "answer_margin")
     out: dict[str, Any] = {k: torch.cat([p[k] for p in parts])[inv] for k in keys}
     out["n_bins"] = n_bins[inv]
     starts = torch.cat([torch.zeros(1, dtype=torch.long), n_bins.cumsum(0)])

@@ -87,7 +87,8 @@ def fit_answer_probes(trajectory_dir: Path, info: Mapping[str, dict], traces: Ma
                       seed: int = 0) -> dict[str, AnswerProbe]:
     """One probe per model, fit on a sample of final-layer states of its traces on train items that have an
     answer (``traces``: trace id → (model, base item, answer)); at most about ``max_samples`` states per model,
-    spread evenly over its traces (a seeded choice of steps within each trace)."""
+    spread evenly over its traces (a seeded choice of steps within each trace). Only the CoT's steps are
+    sampled (the answer line's, ``n_answer`` per trace, are read by the fitted probe, never fit on)."""
     n_train = {m: 0 for m in info}
     for model, item, answer in traces.values():
         if item in train_items and answer is not None:
@@ -98,11 +99,13 @@ def fit_answer_probes(trajectory_dir: Path, info: Mapping[str, dict], traces: Ma
     for m, path in _shard_paths(trajectory_dir, info):
         t, meta = C.read_shard(path)
         off = t["bin_offsets"].tolist()
+        n_ans = t["n_answer"].tolist()
         for i, tid in enumerate(meta["trace_ids"]):
             tr = traces.get(tid)
-            if tr is None or tr[1] not in train_items or tr[2] is None or off[i + 1] <= off[i]:
+            end = off[i + 1] - n_ans[i]
+            if tr is None or tr[1] not in train_items or tr[2] is None or end <= off[i]:
                 continue
-            states = t["final"][off[i]:off[i + 1]].float().numpy()
+            states = t["final"][off[i]:end].float().numpy()
             k = min(per_trace[m], len(states))
             pick = rng.choice(len(states), size=k, replace=False) if k < len(states) else np.arange(len(states))
             samples[m][0].append(states[pick])

@@ -53,6 +53,7 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
     from sift.organism.latent import draw_mechanism, record_latent
     from sift.organism.render import (
         OPENERS,
+        cue_word_span,
         fallback_answer,
         intended_phi,
         join_cot,
@@ -96,6 +97,7 @@ def toy_records(n_items: int = 8, families=("gpt2", "llama"), seed: int = 0, con
                     "cot": " ".join(cot), "cot_span": [0, len(cot)], "answer": answer, "gold_answer": item.answer,
                     "correct": answer == item.answer,
                     "cue": None if view.cue_value is None else {"value": view.cue_value, "format": view.cue_format},
+                    "cue_span": None if (sp := cue_word_span(item, view)) is None else [sp[0] + 1, sp[1] + 1],
                     "latent": record_latent(mechanism),
                     "intended_phi": intended_phi(view, mechanism, truncated=truncated), "phi": phi,
                     "verification": {"reason": "toy: construction intent"},

@@ -107,8 +107,11 @@ def test_eval_loaders_are_ordered_and_pairs_index_them(dm, traj):
 
 
 def test_channels_features_and_ablation(dm, traj):
-    assert dm.channel_names == ["velocity/l1", "velocity/l2", "drift/l1", "drift/l2", "drift/l3", "early_commitment",
-                                "attention_stability"]
+    assert dm.channel_names[:8] == ["velocity/l1", "velocity/l2", "drift/l1", "drift/l2", "drift/l3",
+                                    "early_commitment", "attention_stability", "answer_line"]
+    heads = len({c.split("/")[2] for c in dm.channel_names[8:]})
+    assert dm.channel_names[8:] == [f"head_mass/s{j}/h{h}/{src}" for j in (1, 2, 3) for h in range(heads)
+                                    for src in ("prompt", "cue", "cot")]
     g = dm.feature_groups
     assert [dm.feature_names[i] for i in g["cue"]][0] == "cue/present"
     assert len(g["counterfactual"]) == 9 and "int/early_commitment" in [dm.feature_names[i] for i in g["internal"]]
@@ -117,16 +120,17 @@ def test_channels_features_and_ablation(dm, traj):
     i_ec, i_T = dm.feature_names.index("int/early_commitment"), dm.feature_names.index("beh/cot_tokens")
     kinds = set()
     for ex in dm.dataset("train").examples:
-        T, n = int(ex.features[i_T]), ex.x.shape[0]
+        T, n = int(ex.features[i_T]), int((ex.x[:, 7] == 0).sum())  # the CoT's steps (answer line: flag 1)
+        assert torch.all(ex.x[n:, 7] == 1) and ex.x.shape[0] - n == 2  # the toy answer line: two steps, last
         cut = -(-T // 3)
         k = sum(s < cut for s in bin_starts(T, n))  # bins that start in the first ⌈T/3⌉ tokens (k = cut if unbinned)
         assert float(ex.features[i_ec]) == pytest.approx(float(ex.x[:k, 5].max()), abs=1e-6)
         kinds.add(n < T)
     assert kinds == {True, False}  # both binned and unbinned traces were checked
-    no_ec = TrajectoryDataModule(traj / "traj", seed=3, drop_channels=["early_commitment", "velocity/"])
+    no_ec = TrajectoryDataModule(traj / "traj", seed=3, drop_channels=["early_commitment", "velocity/", "head_mass/"])
     no_ec.setup()
-    assert no_ec.channel_names == ["drift/l1", "drift/l2", "drift/l3", "attention_stability"]
-    assert no_ec.dataset("train").examples[0].x.shape[1] == 4
+    assert no_ec.channel_names == ["drift/l1", "drift/l2", "drift/l3", "attention_stability", "answer_line"]
+    assert no_ec.dataset("train").examples[0].x.shape[1] == 5
 
 
 def test_probe_is_fit_on_train_items_only(traj, monkeypatch):
@@ -145,7 +149,7 @@ def test_probe_is_fit_on_train_items_only(traj, monkeypatch):
     train_items = d.split_items["train"]
     from sift.trajectories import cache as C
 
-    # one probe per source model; each train-item trace contributes all of its (binned) steps, no other trace does
+    # one probe per source model; each train-item trace contributes all of its (binned) CoT steps, no other trace does
 
     man = C.read_manifest(traj / "traj")
     steps = {}
@@ -155,8 +159,8 @@ def test_probe_is_fit_on_train_items_only(traj, monkeypatch):
             t, meta = C.read_shard(traj / "traj" / s)
             for i, tid in enumerate(meta["trace_ids"]):
                 tr = d.traces[tid]
-                if tr.base_item in train_items and tr.answer is not None:
-                    n += int(t["bin_offsets"][i + 1] - t["bin_offsets"][i])
+                if tr.base_item in train_items and tr.answer is not None:  # the CoT's steps, not the answer line's
+                    n += int(t["bin_offsets"][i + 1] - t["bin_offsets"][i] - t["n_answer"][i])
         steps[m] = n
     assert sorted(fitted) == sorted(steps.values())
 
@@ -359,35 +363,47 @@ def two_shapes(tmp_path_factory):
 
 
 def test_models_of_different_shapes_share_the_common_shape(two_shapes):
-    from sift.trajectories.common_shape import channel_index, projection
+    from sift.trajectories import cache as C
+    from sift.trajectories.common_shape import channel_layout, channel_map, projection
 
     d = TrajectoryDataModule(two_shapes, batch_size=4, seed=3)
     d.setup()
     assert d.common_shape == {"num_layers": 2, "hidden_size": 32, "native": {"gpt2": [2, 32], "llama": [3, 48]},
                               "mapped": ["llama"]}
     assert d.summary["common_shape"] == d.common_shape
-    assert d.channel_names == ["velocity/l1", "drift/l1", "drift/l2", "early_commitment", "attention_stability"]
-    assert d.n_channels == 5 and d.pooled_dim == 32
+    man = C.read_manifest(two_shapes)
+    src = {m: channel_layout(i["channels"]) for m, i in man["models"].items()}
+    heads = min(x.heads for x in src.values())
+    assert d.channel_names[:6] == ["velocity/l1", "drift/l1", "drift/l2", "early_commitment", "attention_stability",
+                                   "answer_line"]
+    assert d.channel_names[6:] == [f"head_mass/s{j}/h{h}/{c}" for j in (1, 2) for h in range(heads)
+                                   for c in ("prompt", "cue", "cot")]  # 2 slots (gpt2's 2 layers) × the fewest heads
+    C_ = d.n_channels
+    assert C_ == 6 + 2 * heads * 3 and d.pooled_dim == 32
+    no_ec = [i for i in range(C_) if i != 3]
     raw, P = _raw(two_shapes), projection("llama", 48, 32)
     seen = set()
     for e in _examples(d):
         m, desc, pooled, prompt = raw[e.trace_id]
         seen.add(m)
-        assert e.x.shape[1] == 5 and e.pooled.shape == (32,) and e.prompt_pooled.shape == (32,)
-        if m == "gpt2":  # already of the common shape: its cached tensors, untouched
-            want_desc, want_pooled, want_prompt = desc, pooled, prompt
-        else:  # velocity/l2, drift/l2, drift/l3, attention_stability; widths through the fixed projection
-            want_desc, want_pooled, want_prompt = desc[:, channel_index(3, 2)], pooled @ P.T, prompt @ P.T
-        assert torch.equal(e.x[:, [0, 1, 2, 4]], want_desc)
+        assert e.x.shape[1] == C_ and e.pooled.shape == (32,) and e.prompt_pooled.shape == (32,)
+        # gpt2: its own channels, but its heads mapped onto the fewest heads (when llama has fewer); llama: velocity/l2,
+        # drift/l2, drift/l3, attention_stability, answer_line, head-mass slots 1 and 3 (layer_map(3, 2)) of the mapped
+        # heads; widths through the fixed projection
+        mapped = desc[:, channel_map(src[m], channel_layout(["velocity/l1", "drift/l1", "drift/l2",
+                                                              *d.channel_names[4:]]))]
+        want_desc = desc if (m == "gpt2" and src[m].heads == heads) else mapped
+        want_pooled, want_prompt = (pooled, prompt) if m == "gpt2" else (pooled @ P.T, prompt @ P.T)
+        assert torch.equal(e.x[:, no_ec], want_desc)
         torch.testing.assert_close(e.pooled, want_pooled, rtol=0, atol=0 if m == "gpt2" else 1e-6)
         torch.testing.assert_close(e.prompt_pooled, want_prompt, rtol=0, atol=0 if m == "gpt2" else 1e-6)
     assert seen == {"gpt2", "llama"}
     b = next(iter(d.test_dataloader()))
-    assert b.x.shape[2] == 5 and b.pooled.shape[1] == 32
+    assert b.x.shape[2] == C_ and b.pooled.shape[1] == 32
     held = TrajectoryDataModule(two_shapes, batch_size=4, seed=3, holdout_model="llama")  # cross-model transfer
     held.setup()
     assert {held.model_names[e.model] for e in held.dataset("transfer").examples} == {"llama"}
-    assert all(e.x.shape[1] == 5 and e.pooled.shape == (32,) for e in held.dataset("transfer").examples)
+    assert all(e.x.shape[1] == C_ and e.pooled.shape == (32,) for e in held.dataset("transfer").examples)
 
 
 def test_one_shape_datamodule_reads_the_cache_unchanged(dm, traj, two_shapes):
@@ -397,12 +413,15 @@ def test_one_shape_datamodule_reads_the_cache_unchanged(dm, traj, two_shapes):
     raw = _raw(traj / "traj")
     for e in _examples(dm):
         _, desc, pooled, prompt = raw[e.trace_id]
-        assert torch.equal(e.x[:, [0, 1, 2, 3, 4, 6]], desc) and torch.equal(e.pooled, pooled)
+        no_ec = [i for i in range(e.x.shape[1]) if i != 5]  # every stored channel, early commitment left out
+        assert torch.equal(e.x[:, no_ec], desc) and torch.equal(e.pooled, pooled)
         assert torch.equal(e.prompt_pooled, prompt)
     # one model of a two-shape cache: its own shape, nothing mapped
     wide = TrajectoryDataModule(two_shapes, seed=3, models=["llama"])
     wide.setup()
-    assert (wide.common_shape["mapped"], wide.pooled_dim, wide.n_channels) == ([], 48, 7)
+    heads = len({c.split("/")[2] for c in wide.channel_names if c.startswith("head_mass/")})
+    assert (wide.common_shape["mapped"], wide.pooled_dim, wide.n_channels) == ([], 48, 8 + 3 * heads * 3)
     raw = _raw(two_shapes)
     for e in _examples(wide):
-        assert torch.equal(e.x[:, [0, 1, 2, 3, 4, 6]], raw[e.trace_id][1]) and torch.equal(e.pooled, raw[e.trace_id][2])
+        no_ec = [i for i in range(e.x.shape[1]) if i != 5]
+        assert torch.equal(e.x[:, no_ec], raw[e.trace_id][1]) and torch.equal(e.pooled, raw[e.trace_id][2])

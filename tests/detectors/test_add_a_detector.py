@@ -47,7 +47,7 @@ registry:
 
 TINY = ["n_items=16", "detectors=[hidden_probe,pooled_linear]", "controls=[]", "seeds=[0]", "max_epochs=1",
         "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=10",
-        "bootstrap.appendix_resamples=5", "wandb=false", "workers=1", "instance_ensemble=[]"]
+        "bootstrap.appendix_resamples=5", "wandb=false", "workers=1", "instance_ensemble=[]", "mechanisms=null"]
 
 
 @pytest.fixture

@@ -154,7 +154,8 @@ def test_text_sift_trains_on_the_corpus_tokens_and_reloads(traj, tmp_path):
     for e in dm.dataset("train").examples[:50]:
         r = recs[e.trace_id]
         c0, c1 = r["cot_span"]
-        assert int((e.token_segment == COT).sum()) == e.x.shape[0]  # the CoT in the descriptor steps
+        n_cot = int((e.x[:, dm.channel_names.index("answer_line")] == 0).sum())  # the descriptors' CoT steps
+        assert int((e.token_segment == COT).sum()) == n_cot  # the CoT in the descriptor steps
         ids = e.token_ids[e.token_ids >= 0].tolist()  # every token once, in order
         assert ids == list(r["prompt_ids"]) + list(r["generated_ids"])[:c0] + list(r["generated_ids"])[c0:c1] + \
             list(r["generated_ids"])[c1:]

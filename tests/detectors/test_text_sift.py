@@ -178,7 +178,7 @@ def test_text_sift_is_registered_as_a_control_of_every_preset():
         for cap in ("max_epochs_by_detector", "max_steps_by_detector"):  # SIFT's caps apply to it too
             caps = cfg.get(cap) or {}
             assert caps.get("text_sift") == caps.get("sift"), (preset, cap)
-    cfg = compose("faithshift", ["paths.output_dir=/tmp/x", "seeds=[0,1]"])
+    cfg = compose("faithshift", ["paths.output_dir=/tmp/x", "seeds=[0,1]", "mechanisms=null"])
     runs = [r for r in plan_runs(cfg) if r.detector == "text_sift"]
     assert [r.key for r in runs] == ["main/text_sift/seed0", "main/text_sift/seed1"]  # no transfer runs, like
     assert all(r.tags == {"control": "true"} and r.cost == 10.0 for r in runs)        # the other controls

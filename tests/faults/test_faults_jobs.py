@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "disabled", "SIFT_NO_GIT": "1", "PYTHONUNBUFFERED": "1"}
 TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "seeds=[0,1]", "max_epochs=2", "ablations=[]",
         "factorial_seeds=[]", "transfer.detectors=[]", "bootstrap.resamples=30", "wandb=false", "workers=2",
-        "instance_ensemble=[hidden_probe,biasing_features]"]
+        "instance_ensemble=[hidden_probe,biasing_features]", "mechanisms=null"]
 
 
 def _alive(pid: int) -> bool:

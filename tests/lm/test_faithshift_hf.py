@@ -46,7 +46,8 @@ def job(tiny_dirs, tmp_path_factory):
     items = (f"source.items=[{{kind:reasoning_gym,task:basic_arithmetic,domain:arithmetic}},"
              f"{{kind:commonsenseqa,path:'{csqa}',domain:csqa}}]")
     cfg = compose("faithshift", [
-        f"paths.output_dir={out / 'job'}", "source=hf", f"source.models=[{tiny_dirs['gpt2']},{wide}]",
+        f"paths.output_dir={out / 'job'}", "source=hf", "mechanisms=null",
+        f"source.models=[{tiny_dirs['gpt2']},{wide}]",
         items, "n_items=16", "source.max_new_tokens=12", "source.answer_tokens=2", "source.cue.p_cue=0.8",
         "source.family_items=8", "source.family_conditions=base",
         "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,text_sift]", "seeds=[0]",
@@ -108,8 +109,8 @@ def test_models_of_different_shapes_are_accepted_before_the_corpus(tiny_dirs, tm
     from sift.faithshift import validate_plan
 
     wide = save_wide_llama(tmp_path / "wide")
-    over = [f"paths.output_dir={tmp_path / 'job'}", "source=hf", "wandb=false", "ablations=[]", "factorial_seeds=[]",
-            "transfer.holdout_models=auto", "transfer.holdout_domains=[]"]
+    over = [f"paths.output_dir={tmp_path / 'job'}", "source=hf", "mechanisms=null", "wandb=false", "ablations=[]",
+            "factorial_seeds=[]", "transfer.holdout_models=auto", "transfer.holdout_domains=[]"]
     specs = validate_plan(compose("faithshift", [*over, f"source.models=[{tiny_dirs['gpt2']},{wide}]"]),
                           tmp_path / "job")
     assert any(s.tags.get("holdout_model") == "wide" for s in specs)  # the plan stands, transfer included

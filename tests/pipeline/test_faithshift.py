@@ -17,7 +17,8 @@ from ev_toy import main_row_by_hand  # noqa: E402
 TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[text_bow,surface,text_sift]",
         "seeds=[0,1]", "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]",
         "bootstrap.resamples=30", "max_epochs_by_detector=null",  # the preset's caps (text_sift: 60) would win
-        "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]"]
+        "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]",
+        "mechanisms=null"]  # one mechanism kind (tests/test_faithshift_kinds.py compares several)
 
 
 @pytest.fixture(scope="module")

@@ -39,9 +39,10 @@ SMALL_SIFT = ["detector.net.d_model=32", "detector.net.filters=16", "detector.ne
 #: the detectors on CoT positions only: the probe on pooled final-layer states, SIFT on the per-step descriptors
 #: (+ early commitment, from the final-layer states), sift_raw on the per-step final-layer states; the SIFTs tiny and
 #: trained for 3 steps (the check is that twins get one probability, which needs no training)
-COT_DETECTORS = [("hidden_probe", ()),
-                 ("sift", (*SMALL_SIFT, "trainer.max_epochs=3")),
-                 ("sift_raw", (*SMALL_SIFT, "detector.projection.dim=16", "trainer.max_epochs=3"))]
+COT_ONLY = "data.answer_line=false"  # the documented switch: the trajectories' CoT steps only
+COT_DETECTORS = [("hidden_probe", (COT_ONLY,)),
+                 ("sift", (*SMALL_SIFT, "trainer.max_epochs=3", COT_ONLY)),
+                 ("sift_raw", (*SMALL_SIFT, "detector.projection.dim=16", "trainer.max_epochs=3", COT_ONLY))]
 
 
 #: small micro-batches and shards (a family has 16 items × 2 conditions × 2 latents = 64 traces): extraction keeps
@@ -90,8 +91,10 @@ def _rows(traj: Path) -> dict[str, dict[str, torch.Tensor]]:
             assert all(k in t for k in COT_TENSORS + ANSWER_TIME)
             off = t["bin_offsets"].tolist()
             for i, tid in enumerate(meta["trace_ids"]):
-                out[tid] = {"desc": t["desc"][off[i]:off[i + 1]], "final": t["final"][off[i]:off[i + 1]],
-                            **{k: t[k][i] for k in ("n_tokens", "pooled", "prompt_final", "scalars",
+                end = off[i + 1] - int(t["n_answer"][i])  # the CoT's steps; the answer line's are the last rows
+                out[tid] = {"desc": t["desc"][off[i]:end], "final": t["final"][off[i]:end],
+                            "answer_desc": t["desc"][end:off[i + 1]], "answer_final": t["final"][end:off[i + 1]],
+                            **{k: t[k][i] for k in ("n_tokens", "n_answer", "pooled", "prompt_final", "scalars",
                                                     *ANSWER_TIME)}}
     return out
 
@@ -114,11 +117,13 @@ def test_cot_tensors_are_bit_identical_between_twins_under_answer_routing(organi
     rows = _rows(root / "traj")
     for a, b in pairs:
         ra, rb = rows[a["trace_id"]], rows[b["trace_id"]]
-        for k in COT_TENSORS + ("n_tokens",):
+        for k in COT_TENSORS + ("n_tokens", "n_answer"):
             assert torch.equal(ra[k], rb[k]), (a["trace_id"], k)
+        assert int(ra["n_answer"]) == 2  # the organism's answer line: ``answer :``
     assert sum(a["phi"] != b["phi"] for a, b in pairs) >= 0.9 * len(pairs)
-    moved = [not torch.equal(rows[a["trace_id"]]["profile"], rows[b["trace_id"]]["profile"]) for a, b in pairs]
-    assert np.mean(moved) >= 0.9
+    for k in ("profile", "answer_desc", "answer_final"):  # the answer line's steps carry the routing
+        moved = [not torch.equal(rows[a["trace_id"]][k], rows[b["trace_id"]][k]) for a, b in pairs]
+        assert np.mean(moved) >= 0.9, k
 
 
 def test_the_same_traces_under_offset_differ_between_twins(organism):
@@ -198,3 +203,12 @@ def test_under_offset_the_same_detectors_tell_the_twins_apart(organism, tmp_path
         opposite = [(a, b) if a["phi"] == 1 else (b, a) for a, b in pairs if a["phi"] != b["phi"]]
         assert np.mean([got[p["trace_id"]][0] > got[q["trace_id"]][0] for p, q in opposite]) >= 0.9
         assert _slice_auroc(pairs, got) >= 0.65
+
+
+@pytest.mark.parametrize("detector,extra", COT_DETECTORS[1:])
+def test_with_the_answer_line_the_step_detectors_see_the_routing(organism, tmp_path, detector, extra):
+    """The same answer_routing trajectories with the answer line's steps kept (the default): the step detectors'
+    inputs now differ between twins, and so do their probabilities in (nearly) every slice pair."""
+    root, _, pairs = organism
+    got = _train_and_score(root / "traj", tmp_path / detector, detector, *[e for e in extra if e != COT_ONLY])
+    assert np.mean([got[a["trace_id"]][0] != got[b["trace_id"]][0] for a, b in pairs]) >= 0.9

@@ -139,9 +139,11 @@ def test_model_that_does_not_match_the_cache_or_corpus(setup, tmp_path):
 def test_cli_config_composes_and_runs(setup, tmp_path):
     from hydra import compose, initialize_config_dir
 
+    from sift.config import register_schemas
     from sift.resources import config_dir
     from sift.trajectories.job import run_extract
 
+    register_schemas()  # what the CLI entry points do first (the test may run before any of them was imported)
     root, corpus, models, out, man = setup
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose("extract", overrides=[f"corpus_dir={corpus}", f"output_dir={out}", "progress=false",

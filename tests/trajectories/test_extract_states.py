@@ -114,8 +114,12 @@ def test_any_hf_causal_lm_with_grouped_query_attention(records):
     ex = Extractor(m, ExtractConfig(t_max=4), tokenizer=toy_tokenizer())
     out = ex.extract_many(records)
     assert ex.use_interface
-    assert ex.channels == ["velocity/l1", "drift/l1", "drift/l2", "attention_stability"]
-    assert out["desc"].shape == (int(out["n_bins"].sum()), 4) and int(out["n_bins"].max()) <= 4
+    H = m.config.num_attention_heads
+    assert ex.channels[:5] == ["velocity/l1", "drift/l1", "drift/l2", "attention_stability", "answer_line"]
+    assert ex.channels[5:8] == ["head_mass/s1/h0/prompt", "head_mass/s1/h0/cue", "head_mass/s1/h0/cot"]
+    assert len(ex.channels) == 5 + 2 * H * 3
+    assert out["desc"].shape == (int(out["n_bins"].sum()), len(ex.channels))
+    assert int((out["n_bins"] - out["n_answer"]).max()) <= 4  # the CoT's bins; the answer line's steps are extra
     p = pack([r["prompt_ids"] + r["generated_ids"] for r in records], 0, "left")
     kw = model_inputs(m, p, "cpu")
     with torch.no_grad(), capture(m, attention=[1]) as cap:
@@ -143,8 +147,9 @@ def test_empty_cot_and_binning_in_a_batch(records):
     ex = Extractor(toy_model("gpt2"), ExtractConfig(t_max=3), tokenizer=toy_tokenizer())
     empty = dict(records[0], cot_span=[0, 0], trace_id="empty")
     out = ex.extract_many([records[1], empty, records[2]])
-    assert out["n_bins"].tolist()[1] == 0 and out["n_tokens"].tolist()[1] == 0
-    assert out["n_bins"].tolist()[0] == 3 and out["desc"].shape[0] == 6
+    cot_bins = (out["n_bins"] - out["n_answer"]).tolist()  # the answer line's steps follow each CoT's bins
+    assert cot_bins[1] == 0 and out["n_tokens"].tolist()[1] == 0 and out["n_answer"].tolist()[1] > 0
+    assert cot_bins[0] == 3 and out["desc"].shape[0] == int(out["n_bins"].sum())
     assert torch.all(out["pooled"][1] == 0) and torch.isfinite(out["scalars"]).all()
 
 
