@@ -45,8 +45,8 @@ def identical_share(checkpoints, n_items: int, seeds: list[int], families: list[
                    for m in (0, 1)}
             for it, v, a, b in zip(items, views, gen[0], gen[1]):
                 same = a == b
-                kind = "cued" if v.cue_value is not None else "uncued"
-                for key in ("all", kind):
+                cue_state = "cued" if v.cue_value is not None else "uncued"
+                for key in ("all", cue_state):
                     tot[key][0] += same
                     tot[key][1] += 1
                 fam_tot[0] += same

@@ -99,7 +99,8 @@ def main() -> None:
 
             (out / "cot_routing" / "card.json").write_text(json.dumps({"wall_seconds": wall, "families": records},
                                                                       indent=2))
-            (out / "cot_routing" / "MODEL_CARD.md").write_text(render_cot_routing_card(records, wall))
+            (out / "cot_routing" / "MODEL_CARD.md").write_text(render_cot_routing_card(records, dict.fromkeys(fams,
+                                                                                                          wall)))
         for f, r in records.items():
             agree = [v for k, v in r["evaluation"].items() if k.startswith("mechanism_agreement")]
             same = [v for k, v in r["evaluation"].items() if k.startswith("identical_ids")]

@@ -70,5 +70,7 @@ def test_wheel_holds_every_config_and_the_weights(tmp_path):
     for fam in ("gpt2", "llama"):
         for f in ("config.json", "model.safetensors", "tokenizer.json"):
             assert f"sift/weights/organism/{fam}/{f}" in weights
+            assert f"sift/weights/organism/cot_routing/{fam}/{f}" in weights  # the cot_routing kind's own weights
+        assert f"sift/weights/organism/cot_routing/{fam}/mechanism_adapter.safetensors" in weights
     assert sum(weights.values()) <= 20 * 2**20  # the shipped checkpoints stay ≤ 20 MB
     assert "hydra_plugins/sift_config_dir/__init__.py" in infos

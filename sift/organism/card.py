@@ -73,8 +73,9 @@ def _evaluation_table(ev: dict) -> list[str]:
     return lines
 
 
-def render_cot_routing_card(records: dict[str, dict], wall_seconds: float) -> str:
-    """The ``cot_routing`` organism's model card (``cot_routing/MODEL_CARD.md``)."""
+def render_cot_routing_card(records: dict[str, dict], walls: dict[str, float]) -> str:
+    """The ``cot_routing`` organism's model card (``cot_routing/MODEL_CARD.md``); ``walls``: each family's measured
+    wall seconds (training, saving and evaluation)."""
     lines = ["# sift organism, mechanism kind `cot_routing`: model card", "",
              "Trained by `python scripts/train_organism.py --kind cot_routing` on top of the v3 weights "
              "(`../<family>`: their language, domains and cue following). Nothing is added to the residual stream: "
@@ -85,8 +86,10 @@ def render_cot_routing_card(records: dict[str, dict], wall_seconds: float) -> st
              "same, and a penalty equalises the class means of the CoT states per layer and part of the CoT "
              "(sift/organism/train.py `class_mean_penalty`), so no static direction carries the latent. What the "
              "states carry and the causal checks: `../MECHANISM_CARD.md`.", "",
-             f"Both families train in parallel (one CPU core each). Measured wall time: **{wall_seconds / 60:.1f} "
-             f"minutes** (training, saving and evaluation; {os.cpu_count()} CPU cores on the timing machine).", ""]
+             "`scripts/train_organism.py --kind cot_routing` trains both families in parallel (one CPU core each). "
+             "Measured wall time per family (training, saving and evaluation; "
+             f"{os.cpu_count()} CPU cores on the timing machine): "
+             + ", ".join(f"{f} **{w / 60:.1f} min**" for f, w in walls.items()) + ".", ""]
     for fam, rec in records.items():
         cfg = rec["config"]
         lines += [f"## {fam}", "",

@@ -63,9 +63,10 @@ def test_generated_ids_are_identical_under_both_latents(tmp_path):
 
     out = tmp_path / "ident.json"
     r = subprocess.run([sys.executable, str(CKPT.parents[1] / "scripts" / "latent_identical_ids.py"), "--items", "60",
-                        "--seeds", "0", "1", "--checkpoints", str(CKPT), "--min", "0.99", "--json", str(out)],
-                       capture_output=True, text=True)
+                        "--seeds", "0", "1", "--checkpoints", str(CKPT), "--min", "0.99", "--json", str(out),
+                        "--kinds", "offset"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
-    res = json.loads(out.read_text())
+    (res,) = json.loads(out.read_text())
+    assert res["kind"] == "offset"
     assert res["all"]["pairs"] == 60 * 2 * 2 and res["all"]["share"] >= 0.99
     assert res["uncued"]["pairs"] > 0 and res["uncued"]["share"] == 1.0

@@ -224,15 +224,16 @@ def test_shipped_cot_routing_is_loaded_with_its_adapter_and_no_direction(shipped
 
 
 def test_cot_routing_causal_checks(card):
-    """The latent decides the answer; knocking the adapter out collapses both latents into one mechanism; patching
+    """The latent decides the answer; knocking the adapter out collapses both latents into one model, which agrees with
+    the latent's mechanism at chance (half of the probes are under each latent); patching
     the adapted heads' CoT outputs from z=+1 into z=−1 flips the answer to the CoT's edit, patching as many other
     heads does not; the answer line reads z, the CoT's pooled states hardly do (no static direction)."""
     a = card.adapter
     assert a["z=+1"]["as the z=+1 mechanism"] >= 0.95 and a["z=-1"]["as the z=−1 mechanism"] >= 0.95
-    ko = a["adapter knocked out (either z)"]
-    assert max(ko["as the z=+1 mechanism"], ko["as the z=−1 mechanism"]) >= 0.9
+    ko = a["adapter knocked out (either z)"]  # one model for both latents: agreement with the latent is chance
+    assert (ko["as the z=+1 mechanism"] + ko["as the z=−1 mechanism"]) / 2 <= 0.6
     assert a["patch the adapted heads at CoT positions, z=+1 → z=−1"]["answers CoT edit"] >= 0.9
     assert a["patch as many un-adapted heads (control)"]["answers CoT edit"] <= 0.1
     assert card.onset["as cot_routing"] >= 0.95
-    assert min(card.linear["answer position"][2:]) >= 0.9
+    assert min(card.linear["answer position"][2:]) >= 0.8  # ~50 probes here (the shipped card: 0.97-0.99)
     assert max(card.linear["CoT mean"]) <= 0.75 and max(card.linear["last CoT token"]) <= 0.75
