@@ -82,7 +82,8 @@ def test_the_main_job_runs_on_real_lm_sources(job):
                                                                                           "llama": (3, 48)}
     for key in ("main/hidden_probe/seed0", "transfer/model-llama/hidden_probe/seed0"):
         spec = json.loads((out / "runs" / key / "results.json").read_text())["data_spec"]
-        assert spec["pooled_dim"] == 32 and spec["n_channels"] == 5  # velocity/l1, drift/l1-2, EC, attention
+        # velocity/l1, drift/l1-2, EC, attention stability, answer_line, head masses: 2 layer slots × 2 heads × 3
+        assert spec["pooled_dim"] == 32 and spec["n_channels"] == 6 + 2 * 2 * 3
         assert spec["common_shape"] == {"num_layers": 2, "hidden_size": 32, "native": {"gpt2": [2, 32],
                                                                                       "llama": [3, 48]},
                                         "mapped": ["llama"]}
