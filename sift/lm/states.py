@@ -265,35 +265,33 @@ def head_outputs(model, positions: torch.Tensor, patch: dict[tuple[int, int], to
     got: dict[tuple[int, int], torch.Tensor] = {}
     handles = []
 
+    masked = positions.dtype == torch.bool  # a [B, S] mask of positions, else one position per row
+
+    def read(x: torch.Tensor, cols: slice) -> torch.Tensor:
+        if masked:
+            return x[..., cols]
+        return x[torch.arange(x.shape[0], device=x.device), positions.to(x.device), cols]
+
+    def write(x: torch.Tensor, cols: slice, v: torch.Tensor) -> None:
+        v = v.to(x.device, x.dtype)
+        if masked:
+            x[..., cols] = torch.where(positions.to(x.device)[..., None], v, x[..., cols])
+        else:
+            x[torch.arange(x.shape[0], device=x.device), positions.to(x.device), cols] = v
+
     def hook(layer: int):
         def pre(_m, args):
             x = args[0]
-            if positions.dtype == torch.bool:  # a [B, S] mask of positions
-                where = positions.to(x.device)[..., None]
-                if patch is None:
-                    for h in range(H):
-                        got[(layer, h)] = x[..., h * dh:(h + 1) * dh].detach().clone()
-                    return None
-                mine = {h: v for (ly, h), v in patch.items() if ly == layer}
-                if not mine:
-                    return None
-                x = x.clone()
-                for h, v in mine.items():
-                    cols = slice(h * dh, (h + 1) * dh)
-                    x[..., cols] = torch.where(where, v.to(x.device, x.dtype), x[..., cols])
-                return (x, *args[1:])
-            rows = torch.arange(x.shape[0], device=x.device)
-            pos = positions.to(x.device)
             if patch is None:
                 for h in range(H):
-                    got[(layer, h)] = x[rows, pos, h * dh:(h + 1) * dh].detach().clone()
+                    got[(layer, h)] = read(x, slice(h * dh, (h + 1) * dh)).detach().clone()
                 return None
             mine = {h: v for (ly, h), v in patch.items() if ly == layer}
             if not mine:
                 return None
             x = x.clone()
             for h, v in mine.items():
-                x[rows, pos, h * dh:(h + 1) * dh] = v.to(x.dtype).to(x.device)
+                write(x, slice(h * dh, (h + 1) * dh), v)
             return (x, *args[1:])
 
         return pre
