@@ -17,6 +17,19 @@ from dataclasses import asdict
 from pathlib import Path
 
 
+def _head_table(heads: list[dict], columns: list[tuple[str, str]]) -> list[str]:
+    """The six most z-dependent heads: each column's mass under z=+1 / z=−1, and the z AUROC."""
+    def pair(v: list) -> str:
+        return "–" if v[0] is None else f"{v[0]:.2f} / {v[1]:.2f}"
+
+    lines = ["| head | " + " | ".join(name for name, _ in columns) + " | z AUROC |",
+             "|---|" + "---|" * (len(columns) + 1)]
+    for h in heads[:6]:
+        au = "–" if h["z_auroc"] is None else f"{h['z_auroc']:.3f}"
+        lines.append(f"| L{h['layer']}H{h['head']} | " + " | ".join(pair(h[k]) for _, k in columns) + f" | {au} |")
+    return lines
+
+
 def render(cards: list[dict]) -> str:
     lines = ["# Mechanism cards", "",
              "Written by `python scripts/mechanism_card.py`; definitions in `sift/organism/mechanism.py`. Every number",
@@ -42,12 +55,8 @@ def render(cards: list[dict]) -> str:
         lines.append("| CoT difference / SD | " + " | ".join(f"{v:.3f}" for v in c["cot_difference"]) + " |")
         lines += ["", "**Heads at the answer position** (attention mass under z=+1 / z=−1; AUROC of result − cue mass "
                       "for z; the six most z-dependent):", "",
-                  "| head | CoT result | cue (cued) | operands | z AUROC |", "|---|---|---|---|---|"]
-        for h in c["heads"][:6]:
-            cue = "–" if h["cue"][0] is None else f"{h['cue'][0]:.2f} / {h['cue'][1]:.2f}"
-            au = "–" if h["z_auroc"] is None else f"{h['z_auroc']:.3f}"
-            lines.append(f"| L{h['layer']}H{h['head']} | {h['result'][0]:.2f} / {h['result'][1]:.2f} | {cue} | "
-                         f"{h['operands'][0]:.2f} / {h['operands'][1]:.2f} | {au} |")
+                  *_head_table(c["heads"], [("CoT result", "result"), ("cue (cued)", "cue"),
+                                            ("operands", "operands")])]
         lines += ["", "**Knockout at the answer position** (cued edit probes; every layer and head):", "",
                   "| | answers CoT edit | answers cue | answers gold |", "|---|---|---|---|"]
         for k, v in c["knockout"].items():
@@ -61,12 +70,7 @@ def render(cards: list[dict]) -> str:
                           "z=+1 / z=−1; AUROC for z of the prompt-source (cue, or operands when uncued) minus CoT "
                           "mass; "
                           "the six most z-dependent):", "",
-                      "| head | cue (cued) | operands | CoT | z AUROC |", "|---|---|---|---|---|"]
-            for h in c["cot_heads"][:6]:
-                cue = "–" if h["cue"][0] is None else f"{h['cue'][0]:.2f} / {h['cue'][1]:.2f}"
-                au = "–" if h["z_auroc"] is None else f"{h['z_auroc']:.3f}"
-                lines.append(f"| L{h['layer']}H{h['head']} | {cue} | {h['operands'][0]:.2f} / {h['operands'][1]:.2f} | "
-                             f"{h['cot'][0]:.2f} / {h['cot'][1]:.2f} | {au} |")
+                      *_head_table(c["cot_heads"], [("cue (cued)", "cue"), ("operands", "operands"), ("CoT", "cot")])]
         if c.get("adapter"):
             lines += ["", "**The adapter** (cot_routing's causal checks on the edit probe):", "",
                       "| | answers CoT edit | answers cue (cued) | answers gold | as z=+1's mechanism | "

@@ -30,7 +30,7 @@ from sift.corpus.job import run_corpus, source_config
 from sift.corpus.sources import get_source
 from sift.detectors.registry import DetectorEntry, detector_entries
 from sift.errors import SiftError
-from sift.evaluation.kinds_section import cross_kind_file, kind_root, primary_kind
+from sift.evaluation.kinds_section import cross_kind_file, kind_root, mechanism_kinds, primary_kind
 
 SPLITS = ("val", "calib", "test", "transfer")
 
@@ -70,33 +70,6 @@ def holdout_models(cfg: DictConfig) -> list[str]:
     if isinstance(hm, str) or hm is None:
         raise SiftError(f"transfer.holdout_models: expected a list of model families or 'auto', got {hm!r}")
     return [str(m) for m in hm]
-
-
-def mechanism_kinds(cfg: DictConfig) -> list[str]:
-    """The job's mechanism kinds in ``mechanisms`` order (null: the primary kind, ``source.mechanism_kind``, alone;
-    a source other than the organism has none: []). Raises SiftError naming ``mechanisms`` for an unknown or
-    repeated kind, a list without the primary kind, or several kinds with another source."""
-    from sift.lm.latent import MECHANISM_KINDS
-
-    listed = cfg.get("mechanisms")
-    listed = None if listed is None else [str(k) for k in listed]
-    source = cfg.get("source")
-    if source is None or source.get("type") != "organism":
-        if listed is not None and len(listed) > 1:
-            raise SiftError(f"mechanisms: mechanism kinds are the organism's; source.type="
-                            f"{None if source is None else source.get('type')} has none (set mechanisms=null)")
-        return []
-    primary = primary_kind(cfg)
-    if listed is None:
-        return [primary]
-    for k in listed:
-        if k not in MECHANISM_KINDS:
-            raise SiftError(f"mechanisms: {k!r} is not a mechanism kind ({', '.join(MECHANISM_KINDS)})")
-        if listed.count(k) > 1:
-            raise SiftError(f"mechanisms: {k!r} is listed twice")
-    if primary not in listed:
-        raise SiftError(f"mechanisms: {listed} does not list the primary kind {primary!r} (source.mechanism_kind)")
-    return listed
 
 
 def extra_kinds(cfg: DictConfig) -> list[str]:

@@ -34,6 +34,33 @@ def primary_kind(cfg: Any) -> str:
     return str((source.get("mechanism_kind") if source is not None else None) or DEFAULT_KIND)
 
 
+def mechanism_kinds(cfg: Any) -> list[str]:
+    """The job's mechanism kinds in ``mechanisms`` order (null: the primary kind, ``source.mechanism_kind``, alone;
+    a source other than the organism has none: []). Raises SiftError naming ``mechanisms`` for an unknown or
+    repeated kind, a list without the primary kind, or several kinds with another source."""
+    from sift.lm.latent import MECHANISM_KINDS
+
+    listed = cfg.get("mechanisms")
+    listed = None if listed is None else [str(k) for k in listed]
+    source = cfg.get("source")
+    if source is None or source.get("type") != "organism":
+        if listed is not None and len(listed) > 1:
+            raise SiftError(f"mechanisms: mechanism kinds are the organism's; source.type="
+                            f"{None if source is None else source.get('type')} has none (set mechanisms=null)")
+        return []
+    primary = primary_kind(cfg)
+    if listed is None:
+        return [primary]
+    for k in listed:
+        if k not in MECHANISM_KINDS:
+            raise SiftError(f"mechanisms: {k!r} is not a mechanism kind ({', '.join(MECHANISM_KINDS)})")
+        if listed.count(k) > 1:
+            raise SiftError(f"mechanisms: {k!r} is listed twice")
+    if primary not in listed:
+        raise SiftError(f"mechanisms: {listed} does not list the primary kind {primary!r} (source.mechanism_kind)")
+    return listed
+
+
 def kind_root(out: Path, kind: str, primary: str) -> Path:
     """The folder holding a kind's ``corpus``, ``trajectories`` and ``cache``: the job's own for the primary kind,
     ``kinds/<kind>`` for the others."""
@@ -217,10 +244,9 @@ def load_kinds(out: Path, specs: Sequence[Any], files: Mapping[str, Mapping[str,
 
 
 def job_kinds(cfg: Any) -> list[str]:
-    """The kinds the main job compares (``mechanisms``, organism source only); [] when fewer than two."""
-    kinds = [str(k) for k in cfg.get("mechanisms") or []]
-    source = cfg.get("source")
-    return kinds if len(kinds) > 1 and source is not None and source.get("type") == "organism" else []
+    """The kinds the main job compares (:func:`mechanism_kinds`); [] when fewer than two."""
+    kinds = mechanism_kinds(cfg)
+    return kinds if len(kinds) > 1 else []
 
 
 def kind_report_files(cfg: Any, out: Path, specs: Sequence[Any]) -> list[Path]:
