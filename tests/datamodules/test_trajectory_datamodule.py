@@ -249,16 +249,25 @@ def test_parallel_setups_of_one_split_fit_the_answer_probe_once(traj, tmp_path, 
     procs = [ctx.Process(target=_setup_and_report, args=(traj / "traj", 23, out, cache)) for _ in range(2)]
     for p in procs:
         p.start()
-    got = [out.get(timeout=300) for _ in procs]
-    for p in procs:
-        p.join(60)
-        assert p.exitcode == 0
+    try:
+        got = [out.get(timeout=300) for _ in procs]
+        for p in procs:
+            p.join(60)
+            assert p.exitcode == 0
+    finally:  # a child that hangs must not outlive the test (it would hold the runner's output open)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(5)
     fits = log.read_text().split()
     assert len(fits) == 2 and len(set(fits)) == 1  # one probe per source model, both in one process
     assert got[0] == got[1] and len(got[0]) > 0
 
 
 def _setup_and_report(path, seed, out, cache_dir=None):
+    # a forked child must not enter the parent's OpenMP thread pool (libgomp is not fork-safe: the first parallel
+    # torch op in the child waits forever on a team barrier); one intra-op thread keeps torch off it
+    torch.set_num_threads(1)
     dm = TrajectoryDataModule(path, seed=seed, cache_dir=cache_dir)
     dm.setup()
     out.put(torch.cat([e.x for e in dm.dataset("train").examples]).tolist())  # plain lists: no shared memory
