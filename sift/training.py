@@ -12,6 +12,8 @@ import copy
 import os
 import subprocess
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -406,7 +408,25 @@ def resume_finished_epochs_as_finished(trainer: pl.Trainer) -> None:
     trainer.fit_loop._iteration_based_training = lambda: False  # type: ignore[method-assign]
 
 
-def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, Any], Any, Any]:
+@dataclass
+class _Run:
+    """One run between its setup and its record: what :func:`_train_single` and :func:`train_stacked` share."""
+
+    cfg: DictConfig
+    out_dir: Path
+    kind: str
+    t0: float
+    dm: Any
+    spec: Any
+    model: Any
+    trainer: pl.Trainer
+    history: ValidationHistory
+    loggers: list[Any]
+    ckpt_path: str | None
+
+
+def _prepare_run(cfg: DictConfig, out_dir: Path, kind: str) -> _Run:
+    """Seed, data, detector, callbacks, loggers, trainer and the checkpoint to resume from (nothing trained)."""
     from sift.checkpoints import is_remote, load_checkpoint
     from sift.detectors.module import DataSpec, n_parameters
 
@@ -436,10 +456,22 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
         print(f"sift-train: resuming from {ckpt_path}")
     if ckpt_path is not None and not is_remote(ckpt_path):
         load_checkpoint(ckpt_path, what="checkpoint to resume from")  # data only: refuse before Lightning reads it
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
+    return _Run(cfg, out_dir, kind, t0, dm, spec, model, trainer, history, loggers, ckpt_path)
+
+
+def _fit(run: _Run) -> None:
+    run.trainer.fit(run.model, datamodule=run.dm, ckpt_path=run.ckpt_path, weights_only=True)
+
+
+def _finish_run(run: _Run, **extra: Any) -> dict[str, Any]:
+    """Validate the best checkpoint, test, evaluate on the transfer loader and write ``results.json``."""
+    from sift.detectors.module import n_parameters
+
+    cfg, trainer, model, dm, out_dir = run.cfg, run.trainer, run.model, run.dm, run.out_dir
+    ckpt_dir = Path(cfg.paths.ckpt_dir)
     # before validate(ckpt_path=best): loading a checkpoint restores the callbacks' state (early stopping,
     # validation history) to that of the best epoch, which would erase how and when the run stopped
-    training = training_record(trainer, model, history)
+    training = training_record(trainer, model, run.history)
     best = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if not best and trainer.checkpoint_callback is not None and (ckpt_dir / "last.ckpt").is_file():
         best = str(ckpt_dir / "last.ckpt")
@@ -450,9 +482,10 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
         tres = trainer.test(model, datamodule=dm, verbose=False)
         metrics.update(tres[0] if tres else {})
     metrics.update(_extra_eval(model, dm))
-    for lg in loggers:
+    for lg in run.loggers:
         lg.log_metrics({k: v for k, v in metrics.items() if k.startswith("transfer/")}, step=trainer.global_step)
-    rec = _record(cfg, kind, metrics, t0, threshold=float(model.threshold), best_ckpt=best or None,
+    spec = run.spec
+    rec = _record(cfg, run.kind, metrics, run.t0, threshold=float(model.threshold), best_ckpt=best or None,
                   last_ckpt=str(ckpt_dir / "last.ckpt") if (ckpt_dir / "last.ckpt").is_file() else None,
                   epochs=int(trainer.current_epoch), global_step=int(trainer.global_step),
                   training=training,
@@ -461,12 +494,106 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
                                                                "pooled_dim": spec.pooled_dim,
                                                                "n_envs": spec.n_envs,
                                                                **_common_shape(dm)},
-                  wandb=_wandb_info(loggers))
+                  wandb=_wandb_info(run.loggers), **extra)
     write_json(out_dir / RESULTS_FILE, rec)
-    for lg in loggers:
+    for lg in run.loggers:
         lg.finalize("success")
     _finish_wandb()
-    return rec, model, dm
+    return rec
+
+
+def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, Any], Any, Any]:
+    run = _prepare_run(cfg, out_dir, kind)
+    _fit(run)
+    return _finish_run(run, stacked=None), run.model, run.dm
+
+
+# ------------------------------------------------------------------------------------------- stacked seeds
+def stack_refusal(cfgs: Sequence[DictConfig]) -> str | None:
+    """Why these runs cannot train as one stacked group (None: they can): they must differ in the seed only
+    (and where they write), log to no W&B run (one process holds one), and be single runs."""
+    if len(cfgs) < 2:
+        return "a single seed"
+    if len({hparams_hash(c) for c in cfgs}) != 1:
+        return "the runs differ in more than the seed"
+    if len({int(c.seed) for c in cfgs}) != len(cfgs):
+        return "two runs share a seed"
+    c0 = cfgs[0]
+    if int(c0.get("ensemble", {}).get("n_members", 1) or 1) > 1:
+        return "ensemble runs"
+    if any(isinstance(lc, DictConfig) and str(lc.get("_target_", "")).endswith("WandbLogger")
+           for lc in (c0.get("logger") or {}).values()):
+        return "W&B logging (one W&B run per process)"
+    return None
+
+
+def train_stacked(cfgs: Sequence[DictConfig]) -> list[dict[str, Any]]:
+    """Train the seeds ``cfgs`` (one detector config, several seeds; :func:`stack_refusal` must be None) stacked:
+    one process, one batched training step for every seed still training (:mod:`sift.detectors.seed_stack`),
+    each seed's own data order, dropout stream, early stopping, checkpoints and ``results.json``, written as its
+    separate run writes them. Finished runs are skipped (``skip_if_done``); each run folder is locked. A detector
+    whose net cannot stack trains its seeds one after the other. Returns the records in the order of ``cfgs``;
+    each carries ``stacked``: the seeds it trained with (or ``None``)."""
+    import contextlib
+    import threading
+
+    from sift.detectors.seed_stack import SeedStack, stackable
+    from sift.lock import OutputLock
+
+    why = stack_refusal(cfgs)
+    if why is not None:
+        raise SiftError(f"train_stacked: these runs cannot stack ({why})")
+    for c in cfgs:
+        validate_train_config(c)
+    records: dict[int, dict[str, Any]] = {}
+    with contextlib.ExitStack() as locks:
+        for c in cfgs:
+            locks.enter_context(OutputLock(Path(c.paths.output_dir), "sift-train"))
+        todo = []
+        for i, c in enumerate(cfgs):
+            prev = load_results(Path(c.paths.output_dir))
+            if c.get("skip_if_done", False) and prev and prev.get("status") == "done" and prev.get(
+                    "run_hash") == run_hash(c):
+                print(f"sift-train: {c.paths.output_dir} is done (same config); skipping")
+                records[i] = prev
+            else:
+                todo.append(i)
+        runs = {i: _prepare_run(cfgs[i], Path(cfgs[i].paths.output_dir), "single") for i in todo}
+        seeds = [int(cfgs[i].seed) for i in todo]
+        can = len(todo) > 1 and all(stackable(r.model) for r in runs.values())
+        if not can:
+            for i in todo:
+                _fit(runs[i])
+        else:
+            stack = SeedStack([runs[i].model for i in todo], seeds)
+            stack.attach()
+            errors: dict[int, BaseException] = {}
+
+            def fit_one(i: int) -> None:
+                try:
+                    _fit(runs[i])
+                except BaseException as e:  # noqa: BLE001 - reported after the group
+                    errors[i] = e
+                finally:
+                    stack.leave(runs[i].model)
+
+            threads = [threading.Thread(target=fit_one, args=(i,), name=f"sift-seed{cfgs[i].seed}", daemon=True)
+                       for i in todo]
+            try:
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            finally:
+                stack.detach()
+            if errors:
+                i, e = min(errors.items())
+                raise SiftError(f"stacked seeds {seeds}: seed {cfgs[i].seed} failed ({type(e).__name__}: {e})") \
+                    from e
+            print(f"sift-train: seeds {seeds} trained stacked ({stack.n_steps} batched steps)")
+        for i in todo:
+            records[i] = _finish_run(runs[i], stacked=seeds if can else None)
+    return [records[i] for i in range(len(cfgs))]
 
 
 def _common_shape(dm: Any) -> dict[str, Any]:

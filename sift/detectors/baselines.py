@@ -199,6 +199,23 @@ class MLPNet(nn.Module):
         z = self.body(x)
         return self.out(z).squeeze(-1), z
 
+    @staticmethod
+    def stacked_forward(nets: Sequence[MLPNet], inputs: Sequence[tuple[torch.Tensor]],
+                        generators: Sequence[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """S nets on S batches of one size at once (stacked seeds, :mod:`sift.detectors.seed_stack`) →
+        (logits [S, B], representation [S, B, hidden])."""
+        from sift.detectors import seed_stack as st
+
+        sizes = {x.shape for (x,) in inputs}
+        if len(sizes) != 1:
+            raise SiftError(f"stacked seeds: the seeds' batches differ in shape ({sorted(sizes)})")
+        x = torch.stack([x for (x,) in inputs])
+        z = torch.relu(st.linear(x, st.stacked([n.body[0] for n in nets], "weight"),
+                                 st.stacked([n.body[0] for n in nets], "bias")))
+        z = st.dropout(z, nets[0].body[2].p, generators)
+        out = st.linear(z, st.stacked([n.out for n in nets], "weight"), st.stacked([n.out for n in nets], "bias"))
+        return out.squeeze(-1), z
+
 
 class MLPDetector(DetectorModule):
     """An MLP (``net``: :class:`MLPNet` keyword arguments) on standardised selected inputs, trained by the
@@ -221,11 +238,14 @@ class MLPDetector(DetectorModule):
         self.representation_dim = int(self.net.d_model)
         self.build_dann_head()
 
-    def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def stack_inputs(self, batch: TraceBatch) -> tuple[torch.Tensor]:
         x = self.selector(batch)
         if self.standardizer is not None:
             x = self.standardizer(x)
-        return self.net(x)
+        return (x,)
+
+    def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.net(*self.stack_inputs(batch))
 
     def fit_input_stats(self, batches: Iterable[TraceBatch]) -> None:
         if self.standardizer is None:

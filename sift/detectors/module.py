@@ -315,32 +315,54 @@ class DetectorModule(pl.LightningModule):
         return getattr(b, self.objective.dann_domain)
 
     def training_step(self, batch: TraceBatch | Sequence[TraceBatch], batch_idx: int) -> torch.Tensor:
-        envs = as_env_batches(batch)
-        cat = concat_batches(envs)
-        logits, z = self.encode(cat)
+        if self._seed_stack is not None:  # one seed of a stacked group: the group computes every seed's step at once
+            loss, terms, bs = self._seed_stack.step(self, batch)
+        else:
+            envs = as_env_batches(batch)
+            cat = concat_batches(envs)
+            logits, z = self.encode(cat)
+            loss, terms = self.objective_loss(logits, z, cat, [len(b) for b in envs])
+            bs = len(cat)
+        for k, v in terms.items():
+            self.log(k, v, on_step=False, on_epoch=True, prog_bar=k == "train/loss", batch_size=bs)
+        return loss
+
+    def objective_loss(self, logits: torch.Tensor, z: torch.Tensor | None, cat: TraceBatch,
+                       sizes: Sequence[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The training objective on one step's batch (``cat``: the environments' batches concatenated, ``sizes``
+        their lengths): Σ_e R_e (or the mean) + λ_IRM Ω_IRM + λ_DANN Ω_DANN; returns the loss and the logged
+        terms (detached)."""
         y = cat.label.float()
-        sizes = [len(b) for b in envs]
         risks = torch.stack([F.binary_cross_entropy_with_logits(l, t) for l, t in
-                             zip(logits.split(sizes), y.split(sizes))])
+                             zip(logits.split(list(sizes)), y.split(list(sizes)))])
         obj = self.objective
         reduce = torch.sum if obj.env_reduction == "sum" else torch.mean
         risk = reduce(risks)
         loss = risk
-        bs = len(cat)
-        self.log("train/risk", risk, on_step=False, on_epoch=True, batch_size=bs)
+        terms = {"train/risk": risk.detach()}
         if obj.use_irm:
-            pen = reduce(torch.stack([irm_penalty(l, t) for l, t in zip(logits.split(sizes), y.split(sizes))]))
+            pen = reduce(torch.stack([irm_penalty(l, t) for l, t in zip(logits.split(list(sizes)),
+                                                                         y.split(list(sizes)))]))
             w = obj.irm_lambda if self.global_step >= obj.irm_anneal_steps else 1.0
             loss = loss + self.penalty_ramp() * w * pen
-            self.log("train/irm_penalty", pen, on_step=False, on_epoch=True, batch_size=bs)
+            terms["train/irm_penalty"] = pen.detach()
         if obj.use_dann:
             assert self.domain_classifier is not None and z is not None
             self.domain_classifier.grl.alpha = self._grl_alpha()
             dl = dann_penalty(self.domain_classifier, z, self._domain_ids(cat))
             loss = loss + self.penalty_ramp() * obj.dann_weight * dl
-            self.log("train/dann_loss", dl, on_step=False, on_epoch=True, batch_size=bs)
-        self.log("train/loss", loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=bs)
-        return loss
+            terms["train/dann_loss"] = dl.detach()
+        terms["train/loss"] = loss.detach()
+        return loss, terms
+
+    # ---- stacked seeds (sift/detectors/seed_stack.py)
+    #: the stacked group this module trains in (set for the length of a stacked fit), else None
+    _seed_stack: Any = None
+
+    def stack_inputs(self, batch: TraceBatch) -> tuple[torch.Tensor, ...] | None:
+        """The inputs of ``self.net`` for ``batch`` (what :meth:`encode` feeds it), when the net can train
+        stacked with other seeds (its class has ``stacked_forward``); None: this detector trains alone."""
+        return None
 
     def penalty_ramp(self) -> float:
         """Factor on both invariance penalties (IRM, DANN) at the current step: 0 for the first

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from datamodules.batch import TraceBatch
@@ -130,6 +131,43 @@ class SIFTNet(nn.Module):
         return self.head(z).squeeze(-1), z
 
 
+    @staticmethod
+    def stacked_forward(nets: Sequence[SIFTNet], inputs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                        generators: Sequence[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training-mode forward of S nets of one architecture on S batches at once (stacked seeds,
+        :mod:`sift.detectors.seed_stack`): ``inputs`` per net (x [B, T_s, C], mask [B, T_s]) → (logits [S, B],
+        pooled [S, B, d]). Same function as each net's own forward (padding is masked everywhere; tested);
+        dropout draws each seed's mask from its ``generators`` entry (None: no dropout)."""
+        from sift.detectors import seed_stack as st
+
+        net0 = nets[0]
+        x, mask = st.pad_steps(inputs)  # [S, B, T, C], [S, B, T]
+        S, B, T, _ = x.shape
+        m = mask[..., None].to(x.dtype)
+        x = x * m
+        if net0.tcn is not None:
+            h = x.permute(1, 0, 3, 2).reshape(B, -1, T)  # [B, S·C, T]: seed-major channel groups
+            mt = mask[:, :, None, :].to(x.dtype)  # [S, B, 1, T]
+            outs = []
+            for j, conv in enumerate(net0.tcn.convs):
+                w = st.stacked([n.tcn.convs[j] for n in nets], "weight")  # [S, F, C, k]
+                b = st.stacked([n.tcn.convs[j] for n in nets], "bias")
+                y = F.conv1d(h, w.reshape(-1, *w.shape[2:]), b.reshape(-1), padding=conv.padding, groups=S)
+                y = y.reshape(B, S, w.shape[1], T).transpose(0, 1)  # [S, B, F, T]
+                y = st.masked_batch_norm(y, mt, [n.tcn.norms[j] for n in nets])
+                outs.append(torch.relu(y) * mt)
+            x = torch.cat(outs, dim=2).transpose(2, 3)  # [S, B, T, 4F]
+        h = st.linear(x, st.stacked([n.proj for n in nets], "weight"), st.stacked([n.proj for n in nets], "bias"))
+        h = h * net0.input_scale + sinusoidal_positions(T, h.shape[-1], h.device, h.dtype)
+        if net0.encoder is not None:
+            for i in range(len(net0.encoder.layers)):
+                h = st.encoder_layer(h, ~mask, [n.encoder.layers[i] for n in nets], generators)
+        s = st.linear(h, st.stacked([n.pool.score for n in nets], "weight"),
+                      st.stacked([n.pool.score for n in nets], "bias")).squeeze(-1)
+        w = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1).nan_to_num(0.0)
+        z = torch.einsum("sbt,sbtd->sbd", w, h)
+        return st.mlp_head(z, [n.head for n in nets], generators), z
+
     def _encode_by_length(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The encoder on length-sorted chunks of ``encoder_chunk`` traces, each trimmed to its longest trace.
 
@@ -194,8 +232,11 @@ class SIFTDetector(DetectorModule):
             x = self.standardizer(x)
         return x
 
+    def stack_inputs(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._inputs(batch), batch.mask
+
     def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.net(self._inputs(batch), batch.mask)
+        return self.net(*self.stack_inputs(batch))
 
     def inference_engine(self, *, chunk: int = 128, int8: bool = False) -> SIFTDetectorInference:
         """A frozen fast-inference snapshot (BN folded, one fused TCN conv, length-bucketed chunks; see

@@ -60,11 +60,14 @@ class RawSIFTDetector(DetectorModule):
                             f"for {self.pooled_dim}")
         return batch.states
 
-    def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def stack_inputs(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
         x = self._states(batch)
         if self.standardizer is not None:
             x = self.standardizer(x)
-        return self.net(self.project(x) * batch.mask[..., None].to(x.dtype), batch.mask)
+        return self.project(x) * batch.mask[..., None].to(x.dtype), batch.mask
+
+    def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.net(*self.stack_inputs(batch))
 
     def fit_input_stats(self, batches: Iterable[TraceBatch]) -> None:
         if self.standardizer is None:

@@ -100,9 +100,11 @@ class TextSIFTDetector(DetectorModule):
                             "corpus")
         return self.embed(batch.token_ids, batch.token_segment)
 
+    def stack_inputs(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.step_inputs(batch)
+
     def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        x, mask = self.step_inputs(batch)
-        return self.net(x, mask)
+        return self.net(*self.stack_inputs(batch))
 
 
 __all__ = ["TextSIFTDetector", "TokenStepEmbedding"]
