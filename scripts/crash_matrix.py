@@ -30,8 +30,10 @@ from compare_results import differences  # scripts/ is on sys.path when this run
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-12
 
-#: a tiny main job: both SIFT (checkpointed epochs, dropout) and a baseline, two workers, every stage
-TINY = ["n_items=16", "detectors=[sift,hidden_probe]", "seeds=[0]", "max_epochs=3", "ablations=[]",
+#: a tiny main job: both SIFT (checkpointed epochs, dropout; its two seeds one stacked group) and a baseline, two
+#: workers, every stage
+TINY = ["n_items=16", "detectors=[sift,hidden_probe]", "seeds=[0,1]", "trainer.stack_seeds=true", "max_epochs=3",
+        "ablations=[]",
         "factorial_seeds=[]", "transfer.detectors=[hidden_probe]", "transfer.seeds=[0]",
         "transfer.holdout_domains=[boolean]", "transfer.holdout_models=[]", "bootstrap.resamples=20",
         "bootstrap.appendix_resamples=10", "wandb=false", "workers=2", "instance_ensemble=[hidden_probe]"]
@@ -57,6 +59,10 @@ POINTS = [
     KillPoint("mid SIFT run (after an epoch's last.ckpt)", file="runs/main/sift/seed0/checkpoints/last.ckpt",
               after_extraction=True),
     KillPoint("mid training (a run finished, others in flight)", line=r"\[faithshift\] run 1/\d+ done",
+              after_extraction=True),
+    # a stacked group (tiny: SIFT's two seeds) killed once a seed has written an epoch's last.ckpt: each seed
+    # resumes from its own checkpoint, with its own dropout stream, whichever epoch the other reached
+    KillPoint("mid stacked group (seed 1's last.ckpt written)", file="runs/main/sift/seed1/checkpoints/last.ckpt",
               after_extraction=True),
     KillPoint("training → evaluation", line=r"\[faithshift\] training .* done \(", after_extraction=True),
     KillPoint("mid evaluation (a report section saved)", file="report/.sections/*.json", after_extraction=True),

@@ -79,3 +79,8 @@ for run in sys.argv[1:]:
     print(f"{t['backend']:8} {t['device']:6} {t['generated_tokens']:8d} {t['traces']:7d} {t['seconds']:8.1f} "
           f"{t['tokens_per_s'] or float('nan'):8.1f} {t['traces_per_s'] or float('nan'):9.3f}")
 PY
+# stacked seeds against separate runs on this GPU (issue 44): 4 seeds of sift and text_sift on the quick preset's
+# organism trajectories (built here), one repeat
+if [ "$DEVICE" = cuda ]; then
+    python scripts/bench_seed_stack.py --work "$OUT/seed_stack" --preset quick --gpu --threads 4
+fi

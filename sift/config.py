@@ -69,6 +69,15 @@ class ReportConfig:
 
 
 @dataclass
+class FaithShiftTrainerConfig:
+    """How the main job trains its runs."""
+
+    # the seeds of one run config train stacked in one process (sift/detectors/seed_stack.py): true | false | auto
+    # (auto: when the runs train on a GPU)
+    stack_seeds: Any = "auto"
+
+
+@dataclass
 class FaithShiftConfig:
     """``sift-faithshift`` (``configs/faithshift.yaml`` + a ``preset``)."""
 
@@ -76,6 +85,7 @@ class FaithShiftConfig:
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
     sgr: SGRConfig = field(default_factory=SGRConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    trainer: FaithShiftTrainerConfig = field(default_factory=FaithShiftTrainerConfig)
     seed: int = MISSING
     preset_name: str = MISSING
     n_items: int = MISSING

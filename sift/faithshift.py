@@ -48,6 +48,58 @@ class RunSpec:
     cost: float = 1.0  # the detector's registry.cost: costlier runs start first
 
 
+@dataclass
+class StackSpec:
+    """The seeds of one run config, trained stacked in one job (:func:`sift.training.train_stacked`)."""
+
+    key: str  # e.g. "main/sift/seeds0-1-2-3" (where a failed job's log goes)
+    runs: list[RunSpec]
+    cost: float
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.seed for r in self.runs]
+
+
+def stack_seeds(cfg: DictConfig) -> bool:
+    """``trainer.stack_seeds``: train the seeds of each run config stacked. ``auto`` (default): when the runs train
+    on a GPU (where a small network's step is bound by kernel launches, not arithmetic). On CPU the stacked step
+    is no faster than S separate ones (measured, docs/performance.md "Stacked seeds"), so ``auto`` keeps separate
+    runs there; ``true`` stacks anyway (same numbers to float rounding, one process per group)."""
+    v = (cfg.get("trainer") or {}).get("stack_seeds", "auto")
+    if isinstance(v, bool):
+        return v
+    if str(v) != "auto":
+        raise SiftError(f"trainer.stack_seeds: expected true, false or auto, got {v!r}")
+    from sift.execution import gpus_per_job
+
+    return gpus_per_job(cfg) > 0
+
+
+def training_jobs(cfg: DictConfig, specs: list[RunSpec]) -> list[RunSpec | StackSpec]:
+    """The jobs of the training stage: with ``trainer.stack_seeds``, the runs that differ only in the seed (one
+    group, detector, overrides and tags) and whose detector trains stacked become one :class:`StackSpec`; every
+    other run is a job of its own."""
+    if not stack_seeds(cfg):
+        return list(specs)
+    from sift.detectors.seed_stack import config_stacks
+
+    groups: dict[tuple, list[RunSpec]] = {}
+    for s in specs:
+        groups.setdefault((s.group, s.detector, tuple(s.overrides), tuple(sorted(s.tags.items()))), []).append(s)
+    jobs: list[RunSpec | StackSpec] = []
+    stacks: dict[tuple[str, ...], bool] = {}
+    for members in groups.values():
+        ov = tuple(members[0].overrides)
+        if len(members) > 1 and stacks.setdefault(ov, config_stacks(compose("train", list(ov)).detector)):
+            base = members[0].key.rsplit("/", 1)[0]
+            jobs.append(StackSpec(f"{base}/seeds{'-'.join(str(m.seed) for m in members)}", members,
+                                  members[0].cost * len(members)))
+        else:
+            jobs += members
+    return jobs
+
+
 def ablated_detector(cfg: DictConfig, registry: dict[str, DetectorEntry]) -> str | None:
     """The job's detector that the ablation presets apply to (``registry.ablations``; at most one)."""
     named = [d for d in cfg.detectors if registry[d].ablations]
@@ -266,14 +318,34 @@ def train_run(cfg: DictConfig, out: Path, spec: RunSpec) -> tuple[dict, dict[str
     return record, files
 
 
-def _train_job(cfg_yaml: str | None, out: str, spec: RunSpec, gpus: list[str] | None,
-               cfg: DictConfig | None = None) -> tuple[dict, dict[str, Path]]:
-    """One training job (a local worker process or a SLURM task; configs travel as YAML). ``gpus``: the GPUs
-    a local worker may take one of (a SLURM task gets its own through ``CUDA_VISIBLE_DEVICES``)."""
+def train_stack(cfg: DictConfig, out: Path, stack: StackSpec) -> list[tuple[dict, dict[str, Path]]]:
+    """Train a stacked group's seeds (one process) and write each run's predictions."""
+    import torch
+
+    from sift.training import train_stacked
+
+    torch.set_num_threads(int(cfg.torch_threads))
+    records = train_stacked([train_config(cfg, out, s) for s in stack.runs])
+    res = []
+    for spec, record in zip(stack.runs, records):
+        files = predict_run(cfg, out, spec, record)
+        cross_predict(cfg, out, spec, record)
+        res.append((record, files))
+    return res
+
+
+def _train_job(cfg_yaml: str | None, out: str, spec: RunSpec | StackSpec, gpus: list[str] | None,
+               cfg: DictConfig | None = None) -> Any:
+    """One training job (a local worker process or a SLURM task; configs travel as YAML): a run, or a stacked
+    group (a list of results). ``gpus``: the GPUs a local worker may take one of (a SLURM task gets its own
+    through ``CUDA_VISIBLE_DEVICES``)."""
     from sift.execution import select_gpu
 
     select_gpu(gpus)
-    return train_run(cfg if cfg is not None else OmegaConf.create(cfg_yaml), Path(out), spec)
+    c = cfg if cfg is not None else OmegaConf.create(cfg_yaml)
+    if isinstance(spec, StackSpec):
+        return train_stack(c, Path(out), spec)
+    return train_run(c, Path(out), spec)
 
 
 def train_all(cfg: DictConfig, out: Path,
@@ -283,16 +355,23 @@ def train_all(cfg: DictConfig, out: Path,
     skipped by run hash and up-to-date predictions reused; a failed run is retried ``executor.retries`` times."""
     from sift.execution import run_jobs
 
-    order = sorted(specs, key=lambda s: (-s.cost, s.key))
+    order = sorted(training_jobs(cfg, specs), key=lambda s: (-s.cost, s.key))
     records: dict[str, dict] = {}
     preds: dict[str, dict[str, Path]] = {}
 
-    def done(spec: RunSpec, result: tuple[dict, dict[str, Path]]) -> None:
+    def done_run(spec: RunSpec, result: tuple[dict, dict[str, Path]]) -> None:
         records[spec.key], preds[spec.key] = result
         m = records[spec.key].get("metrics", {})
-        print(f"[faithshift] run {len(records)}/{len(order)} done: {spec.key} "
+        print(f"[faithshift] run {len(records)}/{len(specs)} done: {spec.key} "
               f"val/auroc={m.get('val/auroc') or float('nan'):.3f} ({records[spec.key].get('time_s', 0):.0f} s)",
               flush=True)
+
+    def done(job: RunSpec | StackSpec, result: Any) -> None:
+        if isinstance(job, StackSpec):
+            for spec, res in zip(job.runs, result):
+                done_run(spec, res)
+        else:
+            done_run(job, result)
 
     run_jobs(cfg, out, order, _train_job, done)
     return records, preds
@@ -418,6 +497,7 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
     for key in ("n_items", "max_epochs", "workers", "torch_threads", "bootstrap.resamples",
                 "bootstrap.appendix_resamples", "seed"):
         _positive_int(cfg, key, minimum=0 if key == "seed" else 1)
+    stack_seeds(cfg)  # true | false | auto
     for key in ("seeds", "ablation_seeds", "factorial_seeds", "transfer.seeds", "kind_seeds"):
         for s in OmegaConf.select(cfg, key) or []:
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
@@ -535,10 +615,15 @@ def _run_stages(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> dict[str, A
             extract(cfg, out, kind)
     where = (f"{cfg.workers} at a time" if cfg.executor.kind == "local"
              else f"on {cfg.executor.kind}, {cfg.executor.array_parallelism} at a time")
-    with Stage(f"training {len(specs)} runs + predictions ({where})"):
+    stacked = {r.key: job.seeds for job in training_jobs(cfg, specs) if isinstance(job, StackSpec)
+               for r in job.runs}
+    n_stacks = len({tuple(v) + (k.rsplit("/", 1)[0],) for k, v in stacked.items()})
+    with Stage(f"training {len(specs)} runs + predictions ({where}; {len(stacked)} runs in {n_stacks} stacked "
+               f"groups)"):
         _, preds = train_all(cfg, out, specs)
     write_json(out / "runs" / "index.json",
                [{"key": s.key, "group": s.group, "detector": s.detector, "seed": s.seed, **s.tags,
+                 "stacked_with": stacked.get(s.key),
                  "predictions": {k: str(v) for k, v in preds[s.key].items()},
                  **({"cross_kind": {k: str(cross_kind_file(out, s.key, k)) for k in cross_kinds(cfg, s)}}
                     if cross_kinds(cfg, s) else {})} for s in specs])

@@ -423,10 +423,13 @@ class _Run:
     history: ValidationHistory
     loggers: list[Any]
     ckpt_path: str | None
+    own_wandb_run: bool = False
 
 
-def _prepare_run(cfg: DictConfig, out_dir: Path, kind: str) -> _Run:
-    """Seed, data, detector, callbacks, loggers, trainer and the checkpoint to resume from (nothing trained)."""
+def _prepare_run(cfg: DictConfig, out_dir: Path, kind: str, own_wandb_run: bool = False) -> _Run:
+    """Seed, data, detector, callbacks, loggers, trainer and the checkpoint to resume from (nothing trained).
+    ``own_wandb_run``: a W&B logger starts a run of its own now (a stacked group logs one W&B run per seed from one
+    process; Lightning's logger would otherwise join the run already in progress)."""
     from sift.checkpoints import is_remote, load_checkpoint
     from sift.detectors.module import DataSpec, n_parameters
 
@@ -443,6 +446,12 @@ def _prepare_run(cfg: DictConfig, out_dir: Path, kind: str) -> _Run:
     history = ValidationHistory()
     callbacks.append(history)
     loggers = build_loggers(cfg)
+    if own_wandb_run:
+        for lg in loggers:
+            if type(lg).__name__ == "WandbLogger":
+                import wandb
+
+                lg._experiment = wandb.init(**{**lg._wandb_init, "reinit": "create_new"})
     trainer: pl.Trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False,
                                       default_root_dir=str(out_dir))
     resume_finished_epochs_as_finished(trainer)
@@ -456,7 +465,7 @@ def _prepare_run(cfg: DictConfig, out_dir: Path, kind: str) -> _Run:
         print(f"sift-train: resuming from {ckpt_path}")
     if ckpt_path is not None and not is_remote(ckpt_path):
         load_checkpoint(ckpt_path, what="checkpoint to resume from")  # data only: refuse before Lightning reads it
-    return _Run(cfg, out_dir, kind, t0, dm, spec, model, trainer, history, loggers, ckpt_path)
+    return _Run(cfg, out_dir, kind, t0, dm, spec, model, trainer, history, loggers, ckpt_path, own_wandb_run)
 
 
 def _fit(run: _Run) -> None:
@@ -498,6 +507,8 @@ def _finish_run(run: _Run, **extra: Any) -> dict[str, Any]:
     write_json(out_dir / RESULTS_FILE, rec)
     for lg in run.loggers:
         lg.finalize("success")
+        if run.own_wandb_run and type(lg).__name__ == "WandbLogger":
+            lg.experiment.finish()  # the seed's own run (own_wandb_run)
     _finish_wandb()
     return rec
 
@@ -511,7 +522,7 @@ def _train_single(cfg: DictConfig, out_dir: Path, kind: str) -> tuple[dict[str, 
 # ------------------------------------------------------------------------------------------- stacked seeds
 def stack_refusal(cfgs: Sequence[DictConfig]) -> str | None:
     """Why these runs cannot train as one stacked group (None: they can): they must differ in the seed only
-    (and where they write), log to no W&B run (one process holds one), and be single runs."""
+    (and where they write) and be single runs."""
     if len(cfgs) < 2:
         return "a single seed"
     if len({hparams_hash(c) for c in cfgs}) != 1:
@@ -521,9 +532,6 @@ def stack_refusal(cfgs: Sequence[DictConfig]) -> str | None:
     c0 = cfgs[0]
     if int(c0.get("ensemble", {}).get("n_members", 1) or 1) > 1:
         return "ensemble runs"
-    if any(isinstance(lc, DictConfig) and str(lc.get("_target_", "")).endswith("WandbLogger")
-           for lc in (c0.get("logger") or {}).values()):
-        return "W&B logging (one W&B run per process)"
     return None
 
 
@@ -537,7 +545,7 @@ def train_stacked(cfgs: Sequence[DictConfig]) -> list[dict[str, Any]]:
     import contextlib
     import threading
 
-    from sift.detectors.seed_stack import SeedStack, stackable
+    from sift.detectors.seed_stack import SeedStack, longest_input, stackable
     from sift.lock import OutputLock
 
     why = stack_refusal(cfgs)
@@ -558,14 +566,17 @@ def train_stacked(cfgs: Sequence[DictConfig]) -> list[dict[str, Any]]:
                 records[i] = prev
             else:
                 todo.append(i)
-        runs = {i: _prepare_run(cfgs[i], Path(cfgs[i].paths.output_dir), "single") for i in todo}
+        runs = {i: _prepare_run(cfgs[i], Path(cfgs[i].paths.output_dir), "single", own_wandb_run=len(todo) > 1)
+                for i in todo}
         seeds = [int(cfgs[i].seed) for i in todo]
         can = len(todo) > 1 and all(stackable(r.model) for r in runs.values())
         if not can:
             for i in todo:
                 _fit(runs[i])
         else:
-            stack = SeedStack([runs[i].model for i in todo], seeds)
+            steps = [longest_input(runs[i].model, runs[i].dm.train_dataloader()) for i in todo]
+            stack = SeedStack([runs[i].model for i in todo], seeds,
+                              steps=None if None in steps else max(s for s in steps if s is not None))
             stack.attach()
             errors: dict[int, BaseException] = {}
 

@@ -201,9 +201,10 @@ class MLPNet(nn.Module):
 
     @staticmethod
     def stacked_forward(nets: Sequence[MLPNet], inputs: Sequence[tuple[torch.Tensor]],
-                        generators: Sequence[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
+                        generators: Sequence[torch.Generator] | None,
+                        steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """S nets on S batches of one size at once (stacked seeds, :mod:`sift.detectors.seed_stack`) →
-        (logits [S, B], representation [S, B, hidden])."""
+        (logits [S, B], representation [S, B, hidden]); ``steps`` is unused (no step axis)."""
         from sift.detectors import seed_stack as st
 
         sizes = {x.shape for (x,) in inputs}
@@ -222,6 +223,7 @@ class MLPDetector(DetectorModule):
     ``optimizer`` (default Adam) on the ``objective`` (environment-mean risk; IRM and DANN off by default)."""
 
     objective_defaults: ClassVar[dict[str, Any]] = {"env_reduction": "mean"}
+    stack_net: ClassVar[type | None] = MLPNet
 
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "mlp",
                  inputs: str | Mapping[str, Any] = "features", net: Mapping[str, Any] | None = None,

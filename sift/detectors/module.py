@@ -358,6 +358,9 @@ class DetectorModule(pl.LightningModule):
     # ---- stacked seeds (sift/detectors/seed_stack.py)
     #: the stacked group this module trains in (set for the length of a stacked fit), else None
     _seed_stack: Any = None
+    #: the net class this detector builds when its config names none, if the detector trains stacked (it then
+    #: implements :meth:`stack_inputs`); None: it trains alone
+    stack_net: ClassVar[type | None] = None
 
     def stack_inputs(self, batch: TraceBatch) -> tuple[torch.Tensor, ...] | None:
         """The inputs of ``self.net`` for ``batch`` (what :meth:`encode` feeds it), when the net can train
@@ -490,12 +493,17 @@ class DetectorModule(pl.LightningModule):
         # logs the same val/auroc_best as an uninterrupted one
         if self.val_auroc_best.update_count:
             checkpoint["sift_val_auroc_best"] = self.val_auroc_best.compute().detach().cpu().float()
+        if self._seed_stack is not None:  # a stacked seed's dropout stream: a resumed group continues it exactly
+            checkpoint["sift_stack_dropout_rng"] = self._seed_stack.generator_of(self).get_state()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         best = checkpoint.get("sift_val_auroc_best")
         if isinstance(best, torch.Tensor) and torch.isfinite(best):
             self.val_auroc_best.reset()
             self.val_auroc_best.update(best.to(self.val_auroc_best.max_value.device))
+        rng = checkpoint.get("sift_stack_dropout_rng")
+        if self._seed_stack is not None and isinstance(rng, torch.Tensor):
+            self._seed_stack.generator_of(self).set_state(rng)
 
 
 def binary_metrics(probs: torch.Tensor, labels: torch.Tensor, threshold: float) -> dict[str, torch.Tensor]:

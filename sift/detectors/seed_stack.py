@@ -26,6 +26,7 @@ and a killed group resumes exactly. With dropout off, a stacked seed follows its
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -62,14 +63,16 @@ def dropout(x: torch.Tensor, p: float, generators: Sequence[torch.Generator] | N
     """Inverted dropout with each seed's mask drawn from its own generator (``generators`` None or ``p`` 0: off)."""
     if not generators or p <= 0.0:
         return x
-    keep = torch.stack([torch.rand(x.shape[1:], generator=g, device=g.device) for g in generators]).to(x.device)
-    return x * (keep >= p).to(x.dtype) / (1.0 - p)
+    keep = torch.empty_like(x)
+    for s, g in enumerate(generators):
+        keep[s].bernoulli_(1.0 - p, generator=g)
+    return torch.mul(x, keep).mul_(1.0 / (1.0 - p))
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
     """Per-seed affine LayerNorm over the last axis: x [S, ..., d], weight/bias [S, d]."""
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
-    return F.layer_norm(x, x.shape[-1:], eps=eps) * weight.reshape(shape) + bias.reshape(shape)
+    return torch.addcmul(bias.reshape(shape), F.layer_norm(x, x.shape[-1:], eps=eps), weight.reshape(shape))
 
 
 def masked_batch_norm(y: torch.Tensor, m: torch.Tensor, bns: Sequence[torch.nn.BatchNorm1d]) -> torch.Tensor:
@@ -133,12 +136,19 @@ def mlp_head(z: torch.Tensor, heads: Sequence[torch.nn.Sequential],
     return linear(h, stacked([m[3] for m in heads], "weight"), stacked([m[3] for m in heads], "bias")).squeeze(-1)
 
 
-def pad_steps(inputs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-seed (x [B, T_s, C], mask [B, T_s]) → x [S, B, T, C], mask [S, B, T] (right padding to the longest)."""
+def pad_steps(inputs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+              steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-seed (x [B, T_s, C], mask [B, T_s]) → x [S, B, T, C], mask [S, B, T], right-padded to ``steps`` (None:
+    the longest). A group pads every step to one length (:attr:`SeedStack.steps`): a seed's numbers then do not
+    depend on which other seeds are still training, or how long their traces are (the kernels' rounding depends
+    on the padded length), so a resumed group repeats an uninterrupted one exactly."""
     B = {x.shape[0] for x, _ in inputs}
     if len(B) != 1:
         raise SiftError(f"stacked seeds: the seeds' step batches differ in size ({sorted(B)} traces)")
-    T = max(x.shape[1] for x, _ in inputs)
+    longest = max(x.shape[1] for x, _ in inputs)
+    if steps is not None and longest > steps:
+        raise SiftError(f"stacked seeds: a batch of {longest} steps is longer than the group's {steps}")
+    T = longest if steps is None else int(steps)
     xs = torch.stack([F.pad(x, (0, 0, 0, T - x.shape[1])) for x, _ in inputs])
     ms = torch.stack([F.pad(m.bool(), (0, T - m.shape[1]), value=False) for _, m in inputs])
     return xs, ms
@@ -149,7 +159,7 @@ class SeedStack:
     """The shared training step of a stacked group (module docstring). ``modules``: one detector per seed, all of
     one class and net class; ``seeds``: their run seeds (each seeds its dropout generator)."""
 
-    def __init__(self, modules: Sequence[DetectorModule], seeds: Sequence[int]) -> None:
+    def __init__(self, modules: Sequence[DetectorModule], seeds: Sequence[int], steps: int | None = None) -> None:
         if len(modules) != len(seeds) or not modules:
             raise SiftError("SeedStack: one module per seed, at least one")
         net_cls = {type(m.net) for m in modules}
@@ -159,6 +169,7 @@ class SeedStack:
                             f"stacked_forward, got {sorted({type(m).__name__ for m in modules})} / "
                             f"{sorted(c.__name__ for c in net_cls)}")
         self.modules = list(modules)
+        self.steps = steps  # every batch is padded to this many steps (None: the longest in the step)
         self.index = {id(m): i for i, m in enumerate(modules)}
         device = next(modules[0].parameters()).device
         self.generators = [torch.Generator(device=device).manual_seed(int(s) + DROPOUT_SEED_OFFSET) for s in seeds]
@@ -215,7 +226,7 @@ class SeedStack:
         try:
             with torch.enable_grad(), torch.inference_mode(False):
                 res = self._compute([self.modules[i] for i in idx], [self._pending[i] for i in idx],
-                                    [self.generators[i] for i in idx])
+                                    [self.generators[i] for i in idx], self.steps)
             self._results.update(zip(idx, res))
         except Exception as e:  # every waiting seed raises it
             self._results.update({i: e for i in idx})
@@ -224,7 +235,8 @@ class SeedStack:
         self._cond.notify_all()
 
     @staticmethod
-    def _compute(mods: list[DetectorModule], batches: list[Any], gens: list[torch.Generator]) -> list[tuple]:
+    def _compute(mods: list[DetectorModule], batches: list[Any], gens: list[torch.Generator],
+                 steps: int | None) -> list[tuple]:
         from sift.detectors.module import as_env_batches, concat_batches
 
         cats, sizes, inputs = [], [], []
@@ -238,7 +250,14 @@ class SeedStack:
                 raise SiftError(f"{type(m).__name__} does not train stacked (stack_inputs is None)")
             inputs.append(inp)
         dropout_on = any(mod.training for m in mods for mod in m.net.modules() if isinstance(mod, torch.nn.Dropout))
-        logits, z = type(mods[0].net).stacked_forward([m.net for m in mods], inputs, gens if dropout_on else None)
+        nets = [m.net for m in mods]
+        if len(mods) == 1:
+            # a lone seed (the others have stopped) runs beside a throwaway copy of itself: batched kernels on one
+            # slice take other code paths (other rounding) than on two or more, and a resumed group must repeat
+            # the uninterrupted one exactly whichever seeds are still training
+            nets, inputs, gens = [nets[0], copy.deepcopy(nets[0])], inputs * 2, [gens[0], torch.Generator(
+                device=gens[0].device).manual_seed(0)]
+        logits, z = type(nets[0]).stacked_forward(nets, inputs, gens if dropout_on else None, steps)
         losses, terms = [], []
         for s, m in enumerate(mods):
             loss, t = m.objective_loss(logits[s], z[s], cats[s], sizes[s])
@@ -254,18 +273,42 @@ class SeedStack:
         return out
 
 
+@torch.no_grad()
+def longest_input(module: DetectorModule, loader: Any) -> int | None:
+    """The most steps (axis 1 of the net's inputs) over one pass of ``loader`` (None: inputs without a step
+    axis). Every training trace is in one epoch of the environment-balanced loader."""
+    from sift.detectors.module import as_env_batches, concat_batches
+
+    longest = None
+    for b in loader:
+        x = module.stack_inputs(concat_batches(as_env_batches(b)))[0]
+        if x.dim() < 3:
+            return None
+        longest = max(longest or 0, int(x.shape[1]))
+    return longest
+
+
+def config_stacks(detector: Any) -> bool:
+    """Whether a ``detector`` config trains stacked: its class gives the net's inputs (``stack_net``, the net it
+    builds when the config names none) and the net class (``net._target_`` or that default) has
+    ``stacked_forward``."""
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(detector.get("_target_")))
+        net = (detector.get("net") or {}).get("_target_")
+        net_cls = get_class(str(net)) if net else getattr(cls, "stack_net", None)
+    except Exception:  # noqa: BLE001 - an unknown class simply does not stack (the run reports its own error)
+        return False
+    return getattr(cls, "stack_net", None) is not None and hasattr(net_cls, "stacked_forward")
+
+
 def stackable(module: DetectorModule) -> bool:
     """Whether a detector can train in a stacked group (its net class has ``stacked_forward`` and the detector
     gives the net's inputs)."""
-    return hasattr(type(getattr(module, "net", None)), "stacked_forward") and \
-        type(module).stack_inputs is not _base_stack_inputs()
+    return getattr(module, "stack_net", None) is not None and hasattr(type(getattr(module, "net", None)),
+                                                                       "stacked_forward")
 
 
-def _base_stack_inputs() -> Any:
-    from sift.detectors.module import DetectorModule
-
-    return DetectorModule.stack_inputs
-
-
-__all__ = ["SeedStack", "stackable", "stacked", "linear", "dropout", "layer_norm", "masked_batch_norm",
-           "encoder_layer", "mlp_head", "pad_steps"]
+__all__ = ["SeedStack", "config_stacks", "longest_input", "stackable", "stacked", "linear", "dropout", "layer_norm",
+           "masked_batch_norm", "encoder_layer", "mlp_head", "pad_steps"]

@@ -133,15 +133,17 @@ class SIFTNet(nn.Module):
 
     @staticmethod
     def stacked_forward(nets: Sequence[SIFTNet], inputs: Sequence[tuple[torch.Tensor, torch.Tensor]],
-                        generators: Sequence[torch.Generator] | None) -> tuple[torch.Tensor, torch.Tensor]:
+                        generators: Sequence[torch.Generator] | None,
+                        steps: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The training-mode forward of S nets of one architecture on S batches at once (stacked seeds,
         :mod:`sift.detectors.seed_stack`): ``inputs`` per net (x [B, T_s, C], mask [B, T_s]) → (logits [S, B],
-        pooled [S, B, d]). Same function as each net's own forward (padding is masked everywhere; tested);
-        dropout draws each seed's mask from its ``generators`` entry (None: no dropout)."""
+        pooled [S, B, d]), every batch padded to ``steps`` (None: the longest). Same function as each net's own
+        forward (padding is masked everywhere; tested); dropout draws each seed's mask from its ``generators`` entry
+        (None: no dropout)."""
         from sift.detectors import seed_stack as st
 
         net0 = nets[0]
-        x, mask = st.pad_steps(inputs)  # [S, B, T, C], [S, B, T]
+        x, mask = st.pad_steps(inputs, steps)  # [S, B, T, C], [S, B, T]
         S, B, T, _ = x.shape
         m = mask[..., None].to(x.dtype)
         x = x * m
@@ -205,6 +207,7 @@ class SIFTDetector(DetectorModule):
     """
 
     objective_defaults: ClassVar[dict[str, Any]] = {"use_irm": True, "use_dann": True}
+    stack_net: ClassVar[type | None] = SIFTNet
 
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "sift",
                  net: Mapping[str, Any] | None = None, optimizer: Mapping[str, Any] | None = None,

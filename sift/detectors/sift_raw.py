@@ -30,6 +30,7 @@ class RawSIFTDetector(DetectorModule):
     ``in_channels``); ``net``, ``optimizer``, ``scheduler``, ``objective``: as for ``sift``."""
 
     objective_defaults: ClassVar[dict[str, Any]] = {"use_irm": True, "use_dann": True}
+    stack_net: ClassVar[type | None] = SIFTNet
 
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "sift_raw",
                  projection: Mapping[str, Any] | None = None, net: Mapping[str, Any] | None = None,

@@ -79,6 +79,7 @@ class TextSIFTDetector(DetectorModule):
     ``in_channels = tokens.dim``."""
 
     objective_defaults: ClassVar[dict[str, Any]] = {"use_irm": True, "use_dann": True}
+    stack_net: ClassVar[type | None] = SIFTNet
 
     def __init__(self, *, data: DataSpec | Mapping[str, Any] | None = None, name: str = "text_sift",
                  tokens: Mapping[str, Any] | None = None, net: Mapping[str, Any] | None = None,

@@ -16,4 +16,4 @@ def test_crash_matrix_on_a_tiny_config(tmp_path):
                         "--work", str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=7200)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     rows = [line for line in r.stdout.splitlines() if line.startswith("| ") and "kill point" not in line]
-    assert len(rows) == 8 and all(row.rstrip().endswith("| pass |") for row in rows), r.stdout[-4000:]
+    assert len(rows) == 9 and all(row.rstrip().endswith("| pass |") for row in rows), r.stdout[-4000:]

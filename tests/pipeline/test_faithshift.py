@@ -18,7 +18,8 @@ TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[te
         "seeds=[0,1]", "max_epochs=2", "ablations=[]", "factorial_seeds=[]", "transfer.detectors=[]",
         "bootstrap.resamples=30", "max_epochs_by_detector=null",  # the preset's caps (text_sift: 60) would win
         "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]",
-        "mechanisms=null"]  # one mechanism kind (tests/test_faithshift_kinds.py compares several)
+        "mechanisms=null",  # one mechanism kind (tests/test_faithshift_kinds.py compares several)
+        "trainer.stack_seeds=true"]  # text_sift's two seeds train stacked (on CPU `auto` would keep them apart)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,14 @@ def test_every_stage_writes_its_files(job):
             run = out / "runs" / "main" / d / f"seed{s}"
             assert json.loads((run / "results.json").read_text())["status"] == "done"
             assert (run / "predictions" / "test.npz").is_file() and (run / "predictions" / "val.npz").is_file()
+    # the plan records the stacked group: text_sift's seeds trained together (its net stacks), the logistic
+    # baselines alone (they fit once, in closed form)
+    index = {r["key"]: r for r in json.loads((out / "runs" / "index.json").read_text())}
+    for s in (0, 1):
+        assert index[f"main/text_sift/seed{s}"]["stacked_with"] == [0, 1]
+        assert json.loads((out / "runs" / "main" / "text_sift" / f"seed{s}" / "results.json").read_text())[
+            "stacked"] == [0, 1]
+        assert index[f"main/hidden_probe/seed{s}"]["stacked_with"] is None
 
 
 def test_main_table_has_finite_values_with_cis_for_every_detector(job):
@@ -94,7 +103,7 @@ def test_parallel_workers_give_the_same_predictions(job, tmp_path):
     cfg = compose("faithshift", [f"paths.output_dir={tmp_path}", *[o for o in TINY if not o.startswith("workers=")],
                                  "workers=2"])
     run_faithshift(cfg)
-    for d in ("hidden_probe", "biasing_features"):
+    for d in ("hidden_probe", "biasing_features", "text_sift"):
         for s in (0, 1):
             a = np.load(out1 / "runs" / "main" / d / f"seed{s}" / "predictions" / "test.npz")
             b = np.load(tmp_path / "runs" / "main" / d / f"seed{s}" / "predictions" / "test.npz")
