@@ -32,7 +32,7 @@ TOL = 1e-12
 
 #: a tiny main job: both SIFT (checkpointed epochs, dropout; its two seeds one stacked group) and a baseline, two
 #: workers, every stage
-TINY = ["n_items=16", "detectors=[sift,hidden_probe]", "seeds=[0,1]", "trainer.stack_seeds=true", "max_epochs=3",
+TINY = ["n_items=16", "detectors=[sift,hidden_probe]", "seeds=[0,1]", "trainer.stack_seeds=[sift]", "max_epochs=3",
         "ablations=[]",
         "factorial_seeds=[]", "transfer.detectors=[hidden_probe]", "transfer.seeds=[0]",
         "transfer.holdout_domains=[boolean]", "transfer.holdout_models=[]", "bootstrap.resamples=20",

@@ -73,7 +73,7 @@ class FaithShiftTrainerConfig:
     """How the main job trains its runs."""
 
     # the seeds of one run config train stacked in one process (sift/detectors/seed_stack.py): true | false | auto
-    # (auto: when the runs train on a GPU)
+    # | a list of detectors (auto: when the runs train on a GPU)
     stack_seeds: Any = "auto"
 
 

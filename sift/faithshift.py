@@ -61,16 +61,18 @@ class StackSpec:
         return [r.seed for r in self.runs]
 
 
-def stack_seeds(cfg: DictConfig) -> bool:
-    """``trainer.stack_seeds``: train the seeds of each run config stacked. ``auto`` (default): when the runs train
-    on a GPU (where a small network's step is bound by kernel launches, not arithmetic). On CPU the stacked step
-    is no faster than S separate ones (measured, docs/performance.md "Stacked seeds"), so ``auto`` keeps separate
-    runs there; ``true`` stacks anyway (same numbers to float rounding, one process per group)."""
+def stack_seeds(cfg: DictConfig, detector: str | None = None) -> bool:
+    """``trainer.stack_seeds``: whether the seeds of a run config (of ``detector``; None: of any) train stacked.
+    ``true`` | ``false`` | a list of detector names | ``auto`` (default): when the runs train on a GPU (where a
+    small network's step is bound by kernel launches, not arithmetic). On CPU the stacked step is no faster than S
+    separate ones (measured: docs/training.md, "Stacked seeds"), so ``auto`` keeps separate runs there."""
     v = (cfg.get("trainer") or {}).get("stack_seeds", "auto")
     if isinstance(v, bool):
         return v
+    if OmegaConf.is_list(v) or isinstance(v, list):
+        return detector is None or detector in [str(d) for d in v]
     if str(v) != "auto":
-        raise SiftError(f"trainer.stack_seeds: expected true, false or auto, got {v!r}")
+        raise SiftError(f"trainer.stack_seeds: expected true, false, auto or a list of detectors, got {v!r}")
     from sift.execution import gpus_per_job
 
     return gpus_per_job(cfg) > 0
@@ -91,7 +93,8 @@ def training_jobs(cfg: DictConfig, specs: list[RunSpec]) -> list[RunSpec | Stack
     stacks: dict[tuple[str, ...], bool] = {}
     for members in groups.values():
         ov = tuple(members[0].overrides)
-        if len(members) > 1 and stacks.setdefault(ov, config_stacks(compose("train", list(ov)).detector)):
+        if len(members) > 1 and stack_seeds(cfg, members[0].detector) and stacks.setdefault(
+                ov, config_stacks(compose("train", list(ov)).detector)):
             base = members[0].key.rsplit("/", 1)[0]
             jobs.append(StackSpec(f"{base}/seeds{'-'.join(str(m.seed) for m in members)}", members,
                                   members[0].cost * len(members)))

@@ -566,14 +566,20 @@ def train_stacked(cfgs: Sequence[DictConfig]) -> list[dict[str, Any]]:
                 records[i] = prev
             else:
                 todo.append(i)
-        runs = {i: _prepare_run(cfgs[i], Path(cfgs[i].paths.output_dir), "single", own_wandb_run=len(todo) > 1)
+        runs = {i: _prepare_run(cfgs[i], Path(cfgs[i].paths.output_dir), "single", own_wandb_run=True)
                 for i in todo}
         seeds = [int(cfgs[i].seed) for i in todo]
-        can = len(todo) > 1 and all(stackable(r.model) for r in runs.values())
+        group = [int(c.seed) for c in cfgs]
+        # a group resumed with one seed left still trains it stacked (beside a throwaway copy): the same numbers,
+        # and its dropout stream, as in the uninterrupted group
+        can = bool(todo) and all(stackable(r.model) for r in runs.values())
         if not can:
             for i in todo:
                 _fit(runs[i])
         else:
+            # the group's padded length: the longest input of the seeds still to train. Seeds of one main-job run
+            # config share the training split (they differ in init, order and dropout), so this is also the length
+            # of a resumed group whose finished seeds are not set up again
             steps = [longest_input(runs[i].model, runs[i].dm.train_dataloader()) for i in todo]
             stack = SeedStack([runs[i].model for i in todo], seeds,
                               steps=None if None in steps else max(s for s in steps if s is not None))
@@ -597,13 +603,16 @@ def train_stacked(cfgs: Sequence[DictConfig]) -> list[dict[str, Any]]:
                     t.join()
             finally:
                 stack.detach()
-            if errors:
+            if errors:  # the seeds that finished keep their records; a rerun resumes the failed ones
+                for i in todo:
+                    if i not in errors:
+                        records[i] = _finish_run(runs[i], stacked=group)
                 i, e = min(errors.items())
-                raise SiftError(f"stacked seeds {seeds}: seed {cfgs[i].seed} failed ({type(e).__name__}: {e})") \
-                    from e
+                raise SiftError(f"stacked seeds {seeds}: seed {cfgs[i].seed} failed ({type(e).__name__}: {e}); "
+                                f"rerun to resume it from its last.ckpt") from e
             print(f"sift-train: seeds {seeds} trained stacked ({stack.n_steps} batched steps)")
         for i in todo:
-            records[i] = _finish_run(runs[i], stacked=seeds if can else None)
+            records[i] = _finish_run(runs[i], stacked=group if can else None)
     return [records[i] for i in range(len(cfgs))]
 
 

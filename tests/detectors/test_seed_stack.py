@@ -86,6 +86,43 @@ def test_a_stacked_seed_is_its_separate_run(toy_trajectories, trajectory_cfg, tm
             assert ra["val_auroc"] == pytest.approx(rb["val_auroc"], abs=1e-5)
 
 
+def test_a_killed_group_resumes_each_seed_to_the_uninterrupted_numbers(toy_trajectories, trajectory_cfg, tmp_path,
+                                                                       monkeypatch):
+    """Seed 1 of a stacked group dies at the start of its third epoch; seed 0 finishes and keeps its record. The
+    rerun resumes seed 1 alone from its last.ckpt (dropout on: its stream comes back from the checkpoint), and
+    every parameter of both seeds equals the uninterrupted group's bit for bit."""
+    from sift.detectors.sift_model import SIFTDetector
+    from sift.errors import SiftError
+
+    root, _ = toy_trajectories
+
+    def cfgs(where: str):
+        return [trajectory_cfg(root, "sift", tmp_path / where / f"seed{s}", f"seed={s}", *SMALL,
+                               "++trainer.max_steps=14", "trainer.max_epochs=50",
+                               "++detector.early_stopping.min_steps=1000") for s in (0, 1)]
+
+    clean = train_stacked(cfgs("clean"))
+    real = SIFTDetector.on_train_epoch_start
+
+    def dies(self):
+        if "seed1" in str(self.trainer.default_root_dir) and self.trainer.current_epoch == 2:
+            raise RuntimeError("killed")
+        return real(self)
+
+    monkeypatch.setattr(SIFTDetector, "on_train_epoch_start", dies)
+    with pytest.raises(SiftError, match=r"seed 1 failed .*killed.*rerun to resume"):
+        train_stacked(cfgs("killed"))
+    assert (tmp_path / "killed" / "seed0" / "results.json").is_file()
+    assert not (tmp_path / "killed" / "seed1" / "results.json").is_file()
+    monkeypatch.setattr(SIFTDetector, "on_train_epoch_start", real)
+    resumed = train_stacked(cfgs("killed"))
+    for a, b in zip(resumed, clean):
+        assert a["global_step"] == b["global_step"] == 14 and a["stacked"] == b["stacked"] == [0, 1]
+        sa, sb = _state(a), _state(b)
+        for k in sb:
+            assert torch.equal(sa[k], sb[k]), k
+
+
 def test_stacked_sift_net_is_each_net(tmp_path):
     """The batched forward and backward of S nets on S padded batches equal each net's own (training mode, no
     dropout): logits, pooled representations, BatchNorm running statistics and gradients."""

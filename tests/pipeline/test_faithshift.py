@@ -19,7 +19,7 @@ TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[te
         "bootstrap.resamples=30", "max_epochs_by_detector=null",  # the preset's caps (text_sift: 60) would win
         "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]",
         "mechanisms=null",  # one mechanism kind (tests/test_faithshift_kinds.py compares several)
-        "trainer.stack_seeds=true"]  # text_sift's two seeds train stacked (on CPU `auto` would keep them apart)
+        "trainer.stack_seeds=true"]  # text_sift's two seeds train stacked (on CPU `auto` keeps them apart)
 
 
 @pytest.fixture(scope="module")
