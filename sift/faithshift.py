@@ -351,14 +351,15 @@ def _train_job(cfg_yaml: str | None, out: str, spec: RunSpec | StackSpec, gpus: 
     return train_run(c, Path(out), spec)
 
 
-def train_all(cfg: DictConfig, out: Path,
-              specs: list[RunSpec]) -> tuple[dict[str, dict], dict[str, dict[str, Path]]]:
+def train_all(cfg: DictConfig, out: Path, specs: list[RunSpec],
+              jobs: list[RunSpec | StackSpec] | None = None) -> tuple[dict[str, dict], dict[str, dict[str, Path]]]:
     """Train every run and write its predictions on ``cfg.executor`` (``local``: ``cfg.workers`` processes at a
     time; ``slurm``: an array job), the costliest detectors' runs first (``registry.cost``); finished runs are
-    skipped by run hash and up-to-date predictions reused; a failed run is retried ``executor.retries`` times."""
+    skipped by run hash and up-to-date predictions reused; a failed run is retried ``executor.retries`` times.
+    ``jobs``: the runs grouped into jobs (default :func:`training_jobs`; a stacked group is one job)."""
     from sift.execution import run_jobs
 
-    order = sorted(training_jobs(cfg, specs), key=lambda s: (-s.cost, s.key))
+    order = sorted(training_jobs(cfg, specs) if jobs is None else jobs, key=lambda s: (-s.cost, s.key))
     records: dict[str, dict] = {}
     preds: dict[str, dict[str, Path]] = {}
 
@@ -500,7 +501,7 @@ def validate_plan(cfg: DictConfig, out: Path) -> list[RunSpec]:
     for key in ("n_items", "max_epochs", "workers", "torch_threads", "bootstrap.resamples",
                 "bootstrap.appendix_resamples", "seed"):
         _positive_int(cfg, key, minimum=0 if key == "seed" else 1)
-    stack_seeds(cfg)  # true | false | auto
+    stack_seeds(cfg)  # true | false | auto | a list of detectors
     for key in ("seeds", "ablation_seeds", "factorial_seeds", "transfer.seeds", "kind_seeds"):
         for s in OmegaConf.select(cfg, key) or []:
             if isinstance(s, bool) or not isinstance(s, int) or s < 0:
@@ -618,12 +619,12 @@ def _run_stages(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> dict[str, A
             extract(cfg, out, kind)
     where = (f"{cfg.workers} at a time" if cfg.executor.kind == "local"
              else f"on {cfg.executor.kind}, {cfg.executor.array_parallelism} at a time")
-    stacked = {r.key: job.seeds for job in training_jobs(cfg, specs) if isinstance(job, StackSpec)
-               for r in job.runs}
-    n_stacks = len({tuple(v) + (k.rsplit("/", 1)[0],) for k, v in stacked.items()})
-    with Stage(f"training {len(specs)} runs + predictions ({where}; {len(stacked)} runs in {n_stacks} stacked "
+    jobs = training_jobs(cfg, specs)
+    groups = [job for job in jobs if isinstance(job, StackSpec)]
+    stacked = {r.key: job.seeds for job in groups for r in job.runs}
+    with Stage(f"training {len(specs)} runs + predictions ({where}; {len(stacked)} runs in {len(groups)} stacked "
                f"groups)"):
-        _, preds = train_all(cfg, out, specs)
+        _, preds = train_all(cfg, out, specs, jobs)
     write_json(out / "runs" / "index.json",
                [{"key": s.key, "group": s.group, "detector": s.detector, "seed": s.seed, **s.tags,
                  "stacked_with": stacked.get(s.key),

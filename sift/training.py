@@ -298,11 +298,19 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         return _train_locked(cfg, out_dir)
 
 
-def _train_locked(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+def _finished_record(cfg: DictConfig, out_dir: Path) -> dict[str, Any] | None:
+    """With ``skip_if_done``: the record of a run that finished with this config (None: train it)."""
     prev = load_results(out_dir)
     if cfg.get("skip_if_done", False) and prev and prev.get("status") == "done" and prev.get(
             "run_hash") == run_hash(cfg):
         print(f"sift-train: {out_dir} is done (same config); skipping")
+        return prev
+    return None
+
+
+def _train_locked(cfg: DictConfig, out_dir: Path) -> dict[str, Any]:
+    prev = _finished_record(cfg, out_dir)
+    if prev is not None:
         return prev
     n = int(cfg.get("ensemble", {}).get("n_members", 1) or 1)
     try:
@@ -559,10 +567,8 @@ def train_stacked(cfgs: Sequence[DictConfig]) -> list[dict[str, Any]]:
             locks.enter_context(OutputLock(Path(c.paths.output_dir), "sift-train"))
         todo = []
         for i, c in enumerate(cfgs):
-            prev = load_results(Path(c.paths.output_dir))
-            if c.get("skip_if_done", False) and prev and prev.get("status") == "done" and prev.get(
-                    "run_hash") == run_hash(c):
-                print(f"sift-train: {c.paths.output_dir} is done (same config); skipping")
+            prev = _finished_record(c, Path(c.paths.output_dir))
+            if prev is not None:
                 records[i] = prev
             else:
                 todo.append(i)
