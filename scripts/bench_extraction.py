@@ -2,9 +2,13 @@
 
 Prints
 * time(sift extraction) / time(plain forward with output_hidden_states=True) on the same traces, model,
-  batches and padding (target ≤ 1.15), for the in-memory extractor and for the whole ``extract_corpus``
-  pipeline (Lightning predict loop + shard writing); both without the counterfactual interventions, which
-  are extra forward passes by design (their cost is printed separately);
+  batches and padding (target ≤ 1.10 for ``extract_corpus``), for the in-memory extractor and for the whole
+  ``extract_corpus`` pipeline (Lightning predict loop + shard writing); both without the counterfactual
+  interventions, which are extra forward passes by design (their cost is printed separately). The three paths run
+  ``--repeats`` times interleaved in a rotating order, and each ratio is the median of the per-repeat ratios with
+  its min–max: on a machine whose speed drifts by 15 % between seconds, adjacent runs compare fairly;
+* with ``--profile N``: the N operators (torch.profiler, self CPU time) where ``extract_corpus`` spends most
+  beyond the plain forward;
 * peak RSS of ``extract_corpus`` in fresh subprocesses for N and 4N traces (target: differ by < 25%), also as
   the growth over the RSS after imports and model loading.
 
@@ -12,6 +16,7 @@ Usage (the trained organism; any corpus made by ``sift-corpus``)::
 
     python scripts/bench_extraction.py --corpus outputs/corpus --models-dir checkpoints/organism --n 2000
     python scripts/bench_extraction.py --n 400            # random-init toy organism + rendered toy corpus
+    python scripts/bench_extraction.py --skip-memory --profile 15   # ratios and where the extra time goes
     python scripts/bench_extraction.py --models-dir checkpoints/organism --skip-time \
         --memory-corpora outputs/corpus750 outputs/corpus3000   # peak RSS on two whole corpora
 """
@@ -64,6 +69,7 @@ def _write_corpus(records: list[dict], out: Path) -> Path:
 def time_ratio(args) -> None:
     import torch
 
+    from sift.bench import Spread, repeat
     from sift.trajectories.extract import ExtractConfig, Extractor, plain_forward
     from sift.trajectories.predict import extract_corpus
 
@@ -81,11 +87,18 @@ def time_ratio(args) -> None:
         plain_forward(model, recs, ex.pad_id, args.batch_size, cfg.padding_side)
 
     order = sorted(range(len(recs)), key=lambda i: len(recs[i]["prompt_ids"]) + len(recs[i]["generated_ids"]))
+    batches = [[recs[i] for i in order[s:s + args.batch_size]] for s in range(0, len(order), args.batch_size)]
 
-    def core():  # same order and batches as plain_forward
-        with torch.no_grad():
-            for s in range(0, len(order), args.batch_size):
-                ex.extract([recs[i] for i in order[s:s + args.batch_size]])
+    def plain_batch(b):  # plain_forward's pass over one of its batches
+        plain_forward(model, b, ex.pad_id, len(b), cfg.padding_side)
+
+    @torch.no_grad()
+    def core_batch(b):  # the same batch through the in-memory extractor
+        ex.extract(b)
+
+    def core():
+        for b in batches:
+            core_batch(b)
 
     with tempfile.TemporaryDirectory() as tmp:
         corpus = _write_corpus(recs, Path(tmp) / "corpus")
@@ -106,25 +119,91 @@ def time_ratio(args) -> None:
             finally:
                 ex.cfg.interventions = []
 
-        plain(), core()  # warm-up
-        names = ("plain", "core", "pipeline", "interventions")
-        wall = {k: [] for k in names}
-        cpu = {k: [] for k in names}
-        for _ in range(args.repeats):  # interleaved; the minimum is least disturbed by other load
-            for name, fn in zip(names, (plain, core, pipeline, interventions)):
-                t0, c0 = time.perf_counter(), time.process_time()
+        def timed(fn, *a) -> tuple[float, float]:
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn(*a)
+            return time.perf_counter() - t0, time.process_time() - c0
+
+        plain(), core(), pipeline()  # warm-up
+        keys = ("plain", "pipeline", "plain_b", "core")
+        wall: dict[str, list[float]] = {k: [] for k in keys}
+        cpu: dict[str, list[float]] = {k: [] for k in keys}
+        for r in range(args.repeats):
+            # whole passes, plain and extract_corpus back to back (alternating which goes first) ...
+            for name, fn in ((("plain", plain), ("pipeline", pipeline))[::1 if r % 2 else -1]):
+                w, c = timed(fn)
+                wall[name].append(w)
+                cpu[name].append(c)
+            # ... and the in-memory extractor against the plain forward batch by batch, alternating
+            acc = {"plain_b": [0.0, 0.0], "core": [0.0, 0.0]}
+            for i, b in enumerate(batches):
+                for name, fn in ((("plain_b", plain_batch), ("core", core_batch))[::1 if (r + i) % 2 else -1]):
+                    w, c = timed(fn, b)
+                    acc[name][0] += w
+                    acc[name][1] += c
+            for name, (w, c) in acc.items():
+                wall[name].append(w)
+                cpu[name].append(c)
+        t_int = repeat(interventions, repeats=1, warmup=0).wall.best
+        if args.profile:
+            profile_ops({"plain": plain, "pipeline": pipeline}, args.profile)
+    print(f"{args.repeats} repeats; time: median (min–max); ratio to the plain forward: median (min–max) of the "
+          f"per-repeat ratios, whole passes back to back for extract_corpus, batch by batch for the in-memory "
+          f"extractor")
+    print("                                           wall s                  CPU s                   "
+          "ratio (wall)            ratio (CPU)")
+    for k, base, label in (("plain", None, "plain forward (output_hidden_states=True):"),
+                           ("core", "plain_b", "sift extraction, in memory:               "),
+                           ("pipeline", "plain", "sift extract_corpus (predict loop+shards):")):
+        w, c = Spread(tuple(wall[k])), Spread(tuple(cpu[k]))
+        ratios = ""
+        if base:
+            rw = Spread(tuple(a / b for a, b in zip(wall[k], wall[base])))
+            rc = Spread(tuple(a / b for a, b in zip(cpu[k], cpu[base])))
+            ratios = f"  {_med(rw)}  {_med(rc)}"
+        print(f"{label} {_med(w)}  {_med(c)}{ratios}")
+    extra = t_int / Spread(tuple(wall["plain"])).median
+    print(f"counterfactual interventions (3, extra):   {t_int:7.3f} s  (+{extra:.2f}× the forward; extra passes by "
+          f"design, not in the ratio)")
+
+
+def _med(s) -> str:
+    return f"{s.median:6.3f} ({s.min:.3f}–{s.max:.3f})"
+
+
+def profile_ops(fns: dict, top: int, rounds: int = 3) -> None:
+    """torch.profiler: self CPU time per operator of each function (``rounds`` calls each, interleaved, averaged), and
+    the operators where the second function spends the most beyond the first: what extraction does beyond a plain
+    forward. Operators both run equally often (the model's own) differ by noise only; their net difference is
+    printed as the noise level."""
+    from collections import defaultdict
+
+    from torch.profiler import ProfilerActivity, profile
+
+    got: dict[str, dict[str, list[float]]] = {k: defaultdict(lambda: [0.0, 0]) for k in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
                 fn()
-                wall[name].append(time.perf_counter() - t0)
-                cpu[name].append(time.process_time() - c0)
-    w = {k: min(v) for k, v in wall.items()}
-    c = {k: min(v) for k, v in cpu.items()}
-    print("                                            wall (min)          CPU time (min; robust to other load)")
-    print(f"plain forward (output_hidden_states=True): {w['plain']:7.3f} s            {c['plain']:7.3f} s")
-    for k, label in (("core", "sift extraction, in memory:               "),
-                     ("pipeline", "sift extract_corpus (predict loop+shards):")):
-        print(f"{label} {w[k]:7.3f} s  ratio {w[k] / w['plain']:.3f}  {c[k]:7.3f} s  ratio {c[k] / c['plain']:.3f}")
-    print(f"counterfactual interventions (3, extra):   {w['interventions']:7.3f} s  "
-          f"(+{w['interventions'] / w['plain']:.2f}× the forward; extra passes by design, not in the ratio)")
+            for e in prof.key_averages():
+                got[name][e.key][0] += e.self_cpu_time_total / 1e3 / rounds
+                got[name][e.key][1] += e.count / rounds
+    a, b = list(fns)
+    tot = {k: sum(t for t, _ in v.values()) for k, v in got.items()}
+    ops = sorted(set(got[a]) | set(got[b]), key=lambda k: -(got[b][k][0] - got[a][k][0]))
+    added = [k for k in ops if got[b][k][1] > got[a][k][1]]
+    same = [k for k in ops if got[b][k][1] == got[a][k][1]]
+    print(f"profile (torch.profiler, self CPU ms, mean of {rounds} interleaved calls each; the profiler's own per-call "
+          f"cost inflates both): {a} {tot[a]:.0f} ms, {b} {tot[b]:.0f} ms; operators {b} calls more often: "
+          f"+{sum(got[b][k][0] - got[a][k][0] for k in added):.0f} ms; operators both call equally often (the "
+          f"model's own: noise): {sum(got[b][k][0] - got[a][k][0] for k in same):+.0f} ms")
+    print(f"  {'operator':44s} {a + ' ms':>10s} {b + ' ms':>12s} {'extra ms':>9s}  calls")
+    for k in added[:top]:
+        x, y = got[a][k], got[b][k]
+        print(f"  {k[:44]:44s} {x[0]:10.1f} {y[0]:12.1f} {y[0] - x[0]:9.1f}  {x[1]:.0f} → {y[1]:.0f}")
+    for k in [k for k in ops if got[b][k][1] < got[a][k][1]]:  # work extraction leaves out
+        x, y = got[a][k], got[b][k]
+        print(f"  {k[:44]:44s} {x[0]:10.1f} {y[0]:12.1f} {y[0] - x[0]:9.1f}  {x[1]:.0f} → {y[1]:.0f}  (fewer calls)")
 
 
 def memory_child(args) -> None:
@@ -195,7 +274,9 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--shard-size", type=int, default=512)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=15, help="interleaved timed repeats of each path")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also print the N operators where extract_corpus spends most beyond the plain forward")
     ap.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-time", action="store_true")

@@ -23,9 +23,12 @@ T_max, which is what extraction bins to). Lengths are drawn from that distributi
 Also printed (CPU): a roofline, the fast path's FLOPs per trace (``torch.utils.flop_counter``) against this
 machine's measured fp32 GEMM rate, i.e. the most traces/s any fp32 implementation of the architecture can reach
 here; it says whether a target is a matter of code or of cores. The GEMM rate is measured on the fast path's own
-matmuls (the shapes and counts one call on the timed batch performs, :func:`sift.bench.gemm_shapes`), after a
-warm-up, as the best of ``--roofline-repeats`` repeats with operands and outputs allocated once
-(:func:`sift.bench.gemm_rate`); the min–max spread is printed next to it, so a disturbed run shows as one.
+linear-layer matmuls (the ``mm`` shapes and counts one call on the timed batch performs,
+:func:`sift.bench.gemm_shapes`; the attention's small batched products, ``bmm`` with a 16-wide inner dimension, run
+at a fraction of that rate and are left out so that they cannot lower the yardstick), after a warm-up, as the best
+of ``--roofline-repeats`` repeats with operands and outputs allocated once (:func:`sift.bench.gemm_rate`); the
+min–max spread is printed next to it, so a disturbed run shows as one. ``--profile`` adds where one call's time
+goes, by operator group, against what each group's FLOPs would take at that rate.
 
 Defaults: T_max = 64 steps (``configs/extract.yaml``) and C = 9 channels (the organism: 4 blocks → 3 velocities,
 4 drifts, EC, attention stability). Reported: wall-clock traces/s (median of ``--iters`` batches after
@@ -99,7 +102,49 @@ def gemm_rate(fn=None, x=None, mask=None, repeats: int = 7, warmup_s: float = 0.
     from sift.bench import gemm_shapes
 
     gemms = gemm_shapes(fn, x, mask) if fn is not None else None
+    if gemms:  # the linear layers' matmuls: the attention's small batched products run far below the GEMM rate and
+        gemms = {g: n for g, n in gemms.items() if g[0] == "mm"} or gemms  # must not lower the yardstick
     return measure(gemms or None, repeats=repeats, warmup_s=warmup_s)
+
+
+#: the profile's operator groups (torch.profiler names), in print order
+PROFILE_GROUPS = {
+    "linear layers (addmm, mm)": ("aten::addmm", "aten::mm"),
+    "attention products (bmm, baddbmm)": ("aten::bmm", "aten::baddbmm",
+                                          "aten::_scaled_dot_product_flash_attention_for_cpu"),  # (SDPA's kernel)
+    "softmax": ("aten::_softmax",),  # (inside SDPA's kernel, where it is used, it counts as attention)
+    "layout copies (head split/merge, windows)": ("aten::copy_", "aten::index", "aten::constant_pad_nd", "aten::cat"),
+    "layer norms, residual adds, activations": ("aten::native_layer_norm", "aten::add", "aten::add_", "aten::mul",
+                                                "aten::clamp_min_", "aten::relu_", "aten::gelu", "aten::masked_fill_"),
+}
+
+
+def profile_breakdown(fn, x, mask, rate: float, repeats: int = 3) -> list[dict]:
+    """Where one call's time goes, by operator group (torch.profiler self CPU time of the calling thread, which
+    includes its intra-op workers), against what the group's FLOPs (:func:`sift.bench.gemm_shapes`) would take at
+    the roofline's GEMM ``rate``: the excess is what is bound by something other than FLOPs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sift.bench import gemm_flops, gemm_shapes
+
+    gemms = gemm_shapes(fn, x, mask)
+    flops = {"linear layers (addmm, mm)": sum(gemm_flops(g) * n for g, n in gemms.items() if g[0] == "mm"),
+             "attention products (bmm, baddbmm)": sum(gemm_flops(g) * n for g, n in gemms.items() if g[0] == "bmm")}
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(repeats):
+            fn(x, mask)
+    ms = {e.key: e.self_cpu_time_total / 1e3 / repeats for e in prof.key_averages()}
+    rows, seen = [], set()
+    for group, ops in PROFILE_GROUPS.items():
+        t = sum(ms.get(o, 0.0) for o in ops)
+        seen.update(ops)
+        f = flops.get(group, 0)
+        rows.append({"group": group, "ms": t, "gflop": f / 1e9, "ms_at_roofline": 1e3 * f / rate,
+                     "gflop_per_s": f / 1e6 / t if t and f else None})
+    rest = sum(v for k, v in ms.items() if k not in seen)
+    rows.append({"group": "everything else (dispatch, views, allocation)", "ms": rest, "gflop": 0.0,
+                 "ms_at_roofline": 0.0, "gflop_per_s": None})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -112,12 +157,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--lengths", default="full", help="full | random | PATH (trajectory cache or traces.jsonl)")
     ap.add_argument("--impl", nargs="+", choices=("reference", "fast", "int8"),
                     default=["reference", "fast", "int8"])
-    ap.add_argument("--chunk", type=int, default=128, help="fast/int8: traces per length bucket (0 = one)")
+    ap.add_argument("--chunk", type=int, default=None,
+                    help="fast/int8: traces per length bucket (default: the engine's DEFAULT_CHUNK; 0 = one)")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--roofline-repeats", type=int, default=7, help="timed repeats of the GEMM rate (best is kept)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true", help="print one JSON line per implementation only")
+    ap.add_argument("--profile", action="store_true",
+                    help="CPU: also print where the fast path's time goes against the roofline, by operator group")
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -213,6 +261,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
                   f"{g.best / 1e9:.1f} GFLOP/s of {len(g.values)} repeats after a warm-up (min / median / max "
                   f"{g.min / 1e9:.1f} / {g.median / 1e9:.1f} / {g.max / 1e9:.1f}) → at most "
                   f"{roofline['max_traces_per_s']:,.0f} traces/s in fp32 for this architecture")
+        if roofline and a.profile:
+            rows = profile_breakdown(impls["fast"], x, mask, roofline["gemm_flops_per_s"])
+            total = sum(r["ms"] for r in rows)
+            print(f"  profile of one fast-path call (torch.profiler, mean of 3): {total:.0f} ms; its FLOPs at the "
+                  f"roofline rate: {sum(r['ms_at_roofline'] for r in rows):.0f} ms")
+            for r in rows:
+                rate = f"{r['gflop_per_s']:6.1f} GFLOP/s" if r["gflop_per_s"] else " " * 13
+                print(f"    {r['group']:46s} {r['ms']:7.1f} ms {100 * r['ms'] / total:5.1f} %  {rate}  "
+                      f"at roofline {r['ms_at_roofline']:6.1f} ms  excess {r['ms'] - r['ms_at_roofline']:6.1f} ms")
     return results
 
 

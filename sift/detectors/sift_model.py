@@ -241,7 +241,7 @@ class SIFTDetector(DetectorModule):
     def encode(self, batch: TraceBatch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.net(*self.stack_inputs(batch))
 
-    def inference_engine(self, *, chunk: int = 128, int8: bool = False) -> SIFTDetectorInference:
+    def inference_engine(self, *, chunk: int | None = None, int8: bool = False) -> SIFTDetectorInference:
         """A frozen fast-inference snapshot (BN folded, one fused TCN conv, length-bucketed chunks; see
         :mod:`sift.detectors.fast_inference`): ``engine.probs(batch)`` equals ``self(batch)`` in eval mode
         (allclose). ``int8=True`` adds dynamic int8 quantisation of the Linear layers (approximate). The

@@ -62,6 +62,8 @@ class Capture:
     reduce: Callable[[int, torch.Tensor], Any] | None = None
     states: dict[int, torch.Tensor] = field(default_factory=dict)
     attention: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: the additive mask of the recomputed rows, built once per mask the model passes (the same in every layer)
+    masks: dict[tuple, tuple[Any, torch.Tensor]] = field(default_factory=dict)
 
 
 _ACTIVE: contextvars.ContextVar[Capture | None] = contextvars.ContextVar("sift_capture", default=None)
@@ -109,6 +111,21 @@ def _rows(mask: torch.Tensor | None, qs: int) -> torch.Tensor | None:
     return mask[:, :, qs:] if mask is not None and mask.ndim == 4 and mask.shape[-2] > 1 else mask
 
 
+class _WeightsOnly(torch.overrides.TorchFunctionMode):
+    """Inside a recomputation of attention weights: the weights × values product (``matmul(w, value)``), whose
+    result the capture discards, returns an uninitialised tensor of its shape instead of being computed."""
+
+    def __init__(self, value: torch.Tensor):
+        super().__init__()
+        self.value = value
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.matmul, torch.Tensor.__matmul__) and len(args) == 2 and args[1] is self.value:
+            w, v = args
+            return w.new_empty(*w.shape[:-1], v.shape[-1])
+        return func(*args, **(kwargs or {}))
+
+
 def _capturing(impl: str):
     """An attention function that runs ``impl`` (the model's own kernel: its output is unchanged) and, for the
     layers the active :class:`Capture` asks for, records the attention weights: those eager returns, or for
@@ -130,8 +147,12 @@ def _capturing(impl: str):
         else:
             kw = {k: v for k, v in kwargs.items() if k != "is_causal"}
             q = query[:, :, qs:]
-            _, w = _module_eager(module)(module, q, key, value, _additive_mask(_rows(attention_mask, qs), q, key),
-                                         *args, **kw)
+            mask = cap.masks.get((qs, q.shape[-2], key.shape[-2], q.dtype))
+            if mask is None or mask[0] is not attention_mask:  # the same mask for every layer of one pass
+                mask = (attention_mask, _additive_mask(_rows(attention_mask, qs), q, key))
+                cap.masks[(qs, q.shape[-2], key.shape[-2], q.dtype)] = mask
+            with _WeightsOnly(value):
+                _, w = _module_eager(module)(module, q, key, value, mask[1], *args, **kw)
         layer = cap.targets[id(module)]
         if cap.reduce is not None:
             cap.attention[layer] = cap.reduce(layer, w.float())

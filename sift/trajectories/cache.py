@@ -177,9 +177,24 @@ def write_shard(path: str | Path, result: dict[str, torch.Tensor], meta: dict[st
     tensors["n_answer"] = tensors["n_answer"].long()
     md = {k: v if isinstance(v, str) else json.dumps(v) for k, v in meta.items()}
     md["format"] = FORMAT
-    blob = save(tensors, metadata=md)
+    blob = canonical_safetensors(save(tensors, metadata=md))
     with atomic_open(path, "wb") as fh:
         fh.write(blob)
+
+
+def canonical_safetensors(blob: bytes) -> bytes:
+    """The same safetensors file with its header in one fixed order: metadata keys sorted, tensors in the order of
+    their data. safetensors serialises ``__metadata__`` from a Rust hash map, in an order that changes from one
+    write to the next, so two writes of the same shard differed in their header bytes; with this, the same
+    extraction writes the same bytes (``cmp``-identical shards). The data section is untouched."""
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    meta = header.pop("__metadata__", None)
+    out: dict[str, Any] = {} if meta is None else {"__metadata__": dict(sorted(meta.items()))}
+    out.update(sorted(header.items(), key=lambda kv: (kv[1]["data_offsets"], kv[0])))
+    head = json.dumps(out, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    head += b" " * (-len(head) % 8)  # safetensors pads its header with spaces to a multiple of 8
+    return struct.pack("<Q", len(head)) + head + blob[8 + n:]
 
 
 def shard_header(path: str | Path) -> dict[str, Any]:

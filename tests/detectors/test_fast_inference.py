@@ -55,7 +55,7 @@ def test_folded_tcn_is_one_conv_equal_to_the_branches():
     _close(out, ref)
 
 
-@pytest.mark.parametrize("chunk,holes", [(0, False), (7, False), (128, True)])
+@pytest.mark.parametrize("chunk,holes", [(0, False), (7, False), (None, True), (128, True)])
 def test_fast_path_matches_reference_paper_size(chunk, holes):
     net = _net()
     fast = SIFTInference(net, chunk=chunk)
@@ -162,3 +162,26 @@ def test_benchmark_roofline_counts_matmul_flops_per_trace():
     own = bench.gemm_rate(lambda a, m: lin(a), x, mask, repeats=2, warmup_s=0.05)  # the model's own matmuls
     assert own.gemms == {("mm", ((80, 128), (128, 256))): 1} and own.flops_per_pass == 2 * 80 * 128 * 256
     assert len(own.rate.values) == 2 and own.rate.best > 1e8
+
+
+def test_roofline_counts_every_product_of_the_fast_path_by_hand():
+    """FLOPs per trace of the paper-size fast path at full length T, by hand: the fused TCN (C·11 → 4·64), the
+    projection (256 → 128), per layer the in-projection (128 → 384), Q·Kᵀ and A·V over 8 heads of 16, the
+    out-projection and the feed-forward (128 → 256 → 128), then the pooling score, the pooled sum and the head. The
+    attention's products are counted (SDPA's flash kernel hid them from the counter before), and the GEMM rate is
+    measured on the linear layers' matmuls only."""
+    bench = _bench_module()
+    T, C, d, H, L = 20, 9, 128, 8, 4
+    fast = SIFTInference(_net())
+    x, mask = torch.randn(6, T, C), torch.ones(6, T, dtype=torch.bool)
+    layer = 2 * T * d * 3 * d + 2 * (2 * H * T * T * (d // H)) + 2 * T * d * d + 2 * (2 * T * d * 256)
+    want = 2 * T * C * 11 * 256 + 2 * T * 256 * d + L * layer + 2 * T * d + 2 * T * d + 2 * d * 128 + 2 * 128
+    assert bench.flops_per_trace(fast, x, mask) == want
+    rate = bench.gemm_rate(fast, x, mask, repeats=1, warmup_s=0.01)
+    assert rate.gemms and {op for op, _ in rate.gemms} == {"mm"}
+    rows = bench.profile_breakdown(fast, x, mask, rate=1e11, repeats=1)
+    by = {r["group"]: r for r in rows}
+    assert by["attention products (bmm, baddbmm)"]["gflop"] * 1e9 == pytest.approx(6 * (L * 4 * H * T * T * d // H
+                                                                                     + 2 * T * d))
+    assert sum(r["gflop"] for r in rows) * 1e9 == pytest.approx(6 * want)
+    assert all(r["ms"] >= 0 for r in rows)

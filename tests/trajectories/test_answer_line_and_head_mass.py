@@ -55,6 +55,18 @@ def test_key_groups_split_prompt_cue_and_generated(records):
             assert r["cue"]["value"] in words
 
 
+def test_key_groups_clip_a_cue_span_to_the_prompt():
+    """A cue span reaching outside the prompt is clipped to it; a record without one has no cue column."""
+    recs = [{"prompt_ids": [1, 2, 3], "generated_ids": [4, 5], "cue_span": [-2, 9]},
+            {"prompt_ids": [1, 2, 3, 4], "generated_ids": [5], "cue_span": [1, 3]},
+            {"prompt_ids": [1], "generated_ids": [2, 3, 4]}]
+    p = pack([r["prompt_ids"] + r["generated_ids"] for r in recs], 0, "left")  # width 5, offsets 0, 0, 1
+    g = key_groups(recs, p).int()
+    assert g[0].tolist() == [[0, 1, 0]] * 3 + [[0, 0, 1]] * 2
+    assert g[1].tolist() == [[1, 0, 0], [0, 1, 0], [0, 1, 0], [1, 0, 0], [0, 0, 1]]
+    assert g[2].tolist() == [[0, 0, 0], [1, 0, 0], [0, 0, 1], [0, 0, 1], [0, 0, 1]]
+
+
 @torch.no_grad()
 def test_steps_channels_and_masses_by_hand(model, records):
     """Each trace's steps are its binned CoT steps then its answer line's (``answer :``), flagged; a head's mass at an

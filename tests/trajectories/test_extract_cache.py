@@ -178,3 +178,46 @@ def test_group_cuts_never_split_a_twin_group():
     cuts = group_cuts(g, 5)
     assert cuts[0][0] == 0 and cuts[-1][1] == 23 and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
     assert all(g[s - 1] != g[s] for s, _ in cuts[1:])
+
+
+def test_memory_is_released_after_models_loaded_here_only(setup, tmp_path, monkeypatch):
+    """A model extract_corpus loads is freed (a full garbage collection) before the next one loads; a model the
+    caller passes in stays the caller's, and nothing is collected for it (0.25 s on a loaded heap)."""
+    from sift.lm.loading import load_causal_lm
+    from sift.trajectories import predict
+
+    root, corpus, models, out, man = setup
+    calls = []
+    monkeypatch.setattr(predict, "release_memory", lambda: calls.append(1))
+    extract_corpus(corpus, tmp_path / "a", models, ExtractConfig(**CFG))
+    assert len(calls) == 2  # gpt2, then llama
+    calls.clear()
+    given = {m: load_causal_lm(models[m]) for m in ("gpt2", "llama")}
+    extract_corpus(corpus, tmp_path / "b", models, ExtractConfig(**CFG), loaded={"gpt2": given["gpt2"]})
+    assert len(calls) == 1  # llama only
+    for s in _shards(tmp_path / "b"):  # the same shards either way
+        assert s.read_bytes() == (tmp_path / "a" / s.relative_to(tmp_path / "b")).read_bytes()
+
+
+def test_a_shard_is_written_as_the_same_bytes_every_time(tmp_path):
+    """safetensors orders ``__metadata__`` differently on every save; shards are written with one fixed header order
+    (sorted metadata, tensors in data order), so the same extraction gives cmp-identical files, and they load."""
+    from safetensors.torch import load_file
+
+    result = {"desc": torch.randn(5, 3), "final": torch.randn(5, 4).half(), "n_bins": torch.tensor([2, 3]),
+              "n_answer": torch.tensor([1, 0]), "n_tokens": torch.tensor([4, 3]), "pooled": torch.randn(2, 4),
+              "scalars": torch.randn(2, 3), "answer_logp": torch.tensor([-1.0, float("nan")]),
+              "profile": torch.randn(2, 9)}
+    meta = {"model": "m", "shard": 0, "trace_ids": ["a", "b"], "key": "k", "channels": ["x", "y", "z"],
+            "profile_names": [f"p{i}" for i in range(9)], "num_layers": 2, "hidden_size": 4, "vocab_size": 10}
+    blobs = set()
+    for i in range(6):
+        C.write_shard(tmp_path / f"s{i}.safetensors", result, meta)
+        blobs.add((tmp_path / f"s{i}.safetensors").read_bytes())
+    assert len(blobs) == 1
+    blob = blobs.pop()
+    assert C.canonical_safetensors(blob) == blob
+    got = load_file(tmp_path / "s0.safetensors")
+    assert torch.equal(got["desc"], result["desc"]) and torch.equal(got["final"], result["final"])
+    t, md = C.read_shard(tmp_path / "s0.safetensors", {"num_layers": 2, "hidden_size": 4, "vocab_size": 10})
+    assert md["trace_ids"] == ["a", "b"] and torch.equal(t["bin_offsets"], torch.tensor([0, 2, 5]))

@@ -171,3 +171,41 @@ def test_capture_leaves_the_outputs_bit_identical_and_reads_block_outputs(model,
     assert not torch.equal(cap.states[L - 1], ref.hidden_states[-1])  # HF's last element is after the final norm
     S = p.ids.shape[1]
     assert cap.attention[L - 1].shape == (len(records), model.config.num_attention_heads, S - 3, S)
+
+
+@torch.no_grad()
+def test_weights_only_recompute_is_the_eager_formula_bit_for_bit(model, records, monkeypatch):
+    """The capture recomputes a layer's weights with the model's own eager formula but skips its weights × values
+    product (whose result it discards) and builds the additive mask once per pass, not once per layer: the weights
+    are bit-identical to the full formula's (issue 49: extraction's shards do not change by one bit)."""
+    import contextlib
+
+    from sift.lm import states
+
+    tok = toy_tokenizer()
+    p = pack([r["prompt_ids"] + r["generated_ids"] for r in records], tok.pad_token_id, "left")
+    kw = model_inputs(model, p, "cpu")
+    L = len(find_blocks(model))
+    built = []
+    real_mask = states._additive_mask
+    monkeypatch.setattr(states, "_additive_mask", lambda *a: built.append(1) or real_mask(*a))
+    with capture(model, attention=range(L), q_start=3, heads="all") as fast:
+        model(**kw)
+    assert len(built) == 1 and len(fast.masks) == 1  # one mask for every layer of the pass
+    skipped = []
+    real_mode = states._WeightsOnly.__torch_function__
+
+    def spy(self, func, types, args=(), kwargs=None):
+        if func in (torch.matmul, torch.Tensor.__matmul__) and len(args) == 2 and args[1] is self.value:
+            skipped.append(func)
+        return real_mode(self, func, types, args, kwargs)
+
+    monkeypatch.setattr(states._WeightsOnly, "__torch_function__", spy)
+    with capture(model, attention=range(L), q_start=3, heads="all"):
+        model(**kw)
+    assert len(skipped) == L  # the product skipped in every layer: no other matmul was touched
+    monkeypatch.setattr(states, "_WeightsOnly", lambda value: contextlib.nullcontext())
+    with capture(model, attention=range(L), q_start=3, heads="all") as full:
+        model(**kw)
+    for layer in range(L):
+        assert torch.equal(fast.attention[layer], full.attention[layer])
