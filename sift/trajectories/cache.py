@@ -222,17 +222,28 @@ def shard_header(path: str | Path) -> dict[str, Any]:
     return header
 
 
-def shard_problem(path: str | Path, key: str) -> str | None:
+def shard_problem(path: str | Path, key: str, *, header_only: bool = False) -> str | None:
     """Why ``path`` is not a usable shard of cache ``key`` (missing, incomplete, another key, non-finite
-    values), or None when it is."""
+    values), or None when it is. ``header_only``: the file's completeness and key only, for a shard whose tensors
+    this process checked before writing it (:func:`non_finite`)."""
     if not Path(path).exists():
         return "missing"
     try:
         if shard_header(path)["__metadata__"].get("key") != key:
             return "written for another configuration"
-        read_shard(path)  # shapes and finiteness: a shard with NaN is recomputed, never kept
+        if not header_only:
+            read_shard(path)  # shapes and finiteness: a shard with NaN is recomputed, never kept
     except SiftError as e:
         return str(e).split(": ", 1)[-1]
+    return None
+
+
+def non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The first tensor of a shard that must be finite and is not (``answer_logp`` and ``answer_margin`` are NaN
+    where a trace has no answer, by definition), or None."""
+    for k in ("desc", "final", "pooled", "scalars", "profile", *[o for o in OPTIONAL_TENSORS if o != "answer_margin"]):
+        if k in tensors and not torch.isfinite(tensors[k].float()).all():
+            return k
     return None
 
 
@@ -279,12 +290,10 @@ def read_shard(path: str | Path,
             if k in meta and meta[k] != v:
                 raise SiftError(f"{path}: shard records {k}={meta[k]} but the trajectory manifest records {v}; "
                                 f"the shard belongs to another model")
-    # answer_logp and answer_margin are NaN where a trace has no answer (by definition, not a fault)
-    for k in ("desc", "final", "pooled", "scalars", "profile", *[o for o in OPTIONAL_TENSORS if o in t
-                                                                 and o != "answer_margin"]):
-        if not torch.isfinite(t[k].float()).all():
-            raise SiftError(f"{path}: non-finite values (NaN/inf) in tensor {k!r}; rerun sift-extract to recompute "
-                            f"this shard (it is never reused)")
+    k = non_finite(t)
+    if k is not None:
+        raise SiftError(f"{path}: non-finite values (NaN/inf) in tensor {k!r}; rerun sift-extract to recompute "
+                        f"this shard (it is never reused)")
     return t, meta
 
 

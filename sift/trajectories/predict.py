@@ -129,6 +129,10 @@ class ShardWriter(BasePredictionWriter):
         if prediction.get("skipped"):
             return
         task: ShardTask = prediction["task"]
+        bad = C.non_finite(prediction)
+        if bad is not None:  # never written: a rerun computes it again (its header-only check below relies on this)
+            raise SiftError(f"{task.path}: non-finite values (NaN/inf) in tensor {bad!r} of {task.model}'s shard "
+                            f"{task.index}; nothing was written (check the model weights and dtype)")
         meta = {**self.meta[task.model], "shard": task.index, "trace_ids": prediction["trace_ids"], "key": task.key}
         C.write_shard(task.path, prediction, meta)
         self.written.append(task.path)
@@ -318,7 +322,9 @@ def extract_corpus(corpus_dir: str | Path, out_dir: str | Path, models: dict[str
     extract_corpus.last_run = {"computed": computed, "written": list(run.written)}  # type: ignore[attr-defined]
     if not is_zero:
         return None
-    bad = [(t.path, why) for t in tasks if (why := C.shard_problem(t.path, t.key)) is not None]
+    mine = set(run.written)  # checked in memory before the write: the header says the file is complete
+    bad = [(t.path, why) for t in tasks
+           if (why := C.shard_problem(t.path, t.key, header_only=t.path in mine)) is not None]
     if bad:
         raise SiftError(f"{bad[0][0]}: shard unusable after extraction ({bad[0][1]}; {len(bad)} of {len(tasks)} "
                         f"shards); rerun to resume")

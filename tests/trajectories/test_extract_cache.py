@@ -221,3 +221,30 @@ def test_a_shard_is_written_as_the_same_bytes_every_time(tmp_path):
     assert torch.equal(got["desc"], result["desc"]) and torch.equal(got["final"], result["final"])
     t, md = C.read_shard(tmp_path / "s0.safetensors", {"num_layers": 2, "hidden_size": 4, "vocab_size": 10})
     assert md["trace_ids"] == ["a", "b"] and torch.equal(t["bin_offsets"], torch.tensor([0, 2, 5]))
+
+
+def test_a_non_finite_shard_is_never_written_and_written_shards_are_not_read_again(setup, tmp_path, monkeypatch):
+    """extract_corpus checks each shard's tensors in memory before writing it, so a shard with NaN is refused with its
+    path and tensor and never reaches the disk; the shards it wrote are then checked by header only (a full read is
+    kept for shards found on disk)."""
+
+    root, corpus, models, out, man = setup
+    real = Extractor.extract_many
+
+    def poisoned(self, records):
+        got = real(self, records)
+        got["pooled"][0, 0] = float("nan")
+        return got
+
+    monkeypatch.setattr(Extractor, "extract_many", poisoned)
+    with pytest.raises(SiftError, match=r"non-finite values \(NaN/inf\) in tensor 'pooled' of gpt2's shard 0"):
+        extract_corpus(corpus, tmp_path / "bad", models, ExtractConfig(**CFG))
+    assert not _shards(tmp_path / "bad")
+    monkeypatch.setattr(Extractor, "extract_many", real)
+    reads = []
+    real_read = C.read_shard
+    monkeypatch.setattr(C, "read_shard", lambda *a, **k: reads.append(a[0]) or real_read(*a, **k))
+    extract_corpus(corpus, tmp_path / "good", models, ExtractConfig(**CFG))
+    assert reads == []  # every shard was written here: header checks only
+    extract_corpus(corpus, tmp_path / "good", models, ExtractConfig(**CFG))
+    assert len(reads) >= len(_shards(tmp_path / "good"))  # a rerun finds them on disk: each is read in full
