@@ -248,3 +248,36 @@ def test_a_non_finite_shard_is_never_written_and_written_shards_are_not_read_aga
     assert reads == []  # every shard was written here: header checks only
     extract_corpus(corpus, tmp_path / "good", models, ExtractConfig(**CFG))
     assert len(reads) >= len(_shards(tmp_path / "good"))  # a rerun finds them on disk: each is read in full
+
+
+def test_compare_trajectories_script_tells_identical_reordered_and_changed_shards(setup, tmp_path, capsys):
+    """scripts/compare_trajectories.py: a copy is identical; a shard whose header lists its metadata in another order
+    is identical up to header order; a changed value is named by its tensor and fails the comparison."""
+    import importlib.util
+    import json
+    import struct
+
+    spec = importlib.util.spec_from_file_location("compare_trajectories",
+                                                  Path(__file__).parents[2] / "scripts" / "compare_trajectories.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    _, _, _, out, _ = setup
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    assert mod.main([str(out), str(copy)]) == 0
+    first = _shards(copy)[0]
+    blob = first.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    header["__metadata__"] = dict(reversed(list(header["__metadata__"].items())))
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    first.write_bytes(struct.pack("<Q", len(head)) + head + blob[8 + n:])
+    assert first.read_bytes() != blob
+    assert mod.main([str(out), str(copy)]) == 0
+    assert "1 identical up to header order" in capsys.readouterr().out
+    t, meta = C.read_shard(first)
+    t["desc"][0, 0] += 1.0
+    C.write_shard(first, {**t, "n_bins": t["bin_offsets"].diff()}, meta)
+    assert mod.main([str(out), str(copy)]) == 1
+    assert "differs in desc" in capsys.readouterr().out
