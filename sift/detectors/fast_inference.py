@@ -53,7 +53,7 @@ class _Layer(nn.Module):
     Attention is written out as two batched products around a softmax over ``[B·H, T, T]``, with the
     ``1/√d_head`` scale folded into the query rows of the in-projection and the key-padding mask added as a bias
     inside the first product (``baddbmm``). At SIFT's sizes (d_head = 16, T ≤ 64) this is 1.5–1.8× faster on CPU
-    than ``scaled_dot_product_attention``, whose flash kernel spent 38 % of the fast path's time on 6 % of its
+    than ``scaled_dot_product_attention``, whose flash kernel spent 38–41 % of the fast path's time on 10 % of its
     FLOPs (``scripts/bench_sift_throughput.py --profile``)."""
 
     def __init__(self, layer: nn.TransformerEncoderLayer) -> None:
