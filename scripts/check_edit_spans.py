@@ -59,12 +59,12 @@ def trace_text(r: dict) -> str:
     cue, each test's result and the rule that gave the label."""
     v = r.get("verification") or {}
     cot = r.get("cot") or ""
-    if v.get("edit_span"):
-        s, e = v["edit_span"]
-        cot = f"{cot[:s]}[[{cot[s:e]}]]{cot[e:]}"
+    for s, e in sorted(v.get("edit_spans") or ([v["edit_span"]] if v.get("edit_span") else []), reverse=True):
+        cot = f"{cot[:s]}[[{cot[s:e]}]]{cot[e:]}"  # the edited result and each restatement
     tests = {k: v[k] for k in ("edit_original", "edit_value", "edit_answer", "mistake", "early", "cue_value",
                                 "cue_answer", "rationalised", "verdicts", "mentions_cue") if k in v}
-    return (f"=== {r['trace_id']}  φ*={r.get('phi')}  reason={v.get('reason')}\n"
+    return (f"=== {r['trace_id']}  φ*={r.get('phi')}  reason={v.get('reason')}  "
+            f"cot_necessary={r.get('cot_necessary')}\n"
             f"--- question\n{_user_turn(r.get('prompt') or '')}\n--- CoT\n{cot.strip()}\n"
             f"--- answer {r.get('answer')!r}  gold {r.get('gold_answer')!r}  cue {r.get('cue')}  "
             f"forced {r.get('forced_answer')}\n--- tests {json.dumps(tests, ensure_ascii=False)}\n"

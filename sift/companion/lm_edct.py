@@ -20,9 +20,6 @@ The paper edits the input evidence a model's explanation cites and re-queries th
 
 from __future__ import annotations
 
-import ast
-import operator
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -30,35 +27,21 @@ from typing import Any
 from sift.companion.edct import DEFAULT_EDCT, EDCTSettings
 from sift.errors import SiftError
 
-_EXPR = re.compile(r"\(*\s*\d+(?:\.\d+)?\s*\)*(?:\s*[-+*/]\s*\(*\s*\d+(?:\.\d+)?\s*\)*)+")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def _eval(node: ast.AST) -> float:
-    if isinstance(node, ast.Expression):
-        return _eval(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_eval(node.left), _eval(node.right))
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return -_eval(node.operand)
-    raise ValueError("not plain arithmetic")
-
 
 def expression_value(question: str) -> str | None:
     """The value of the one arithmetic expression (+ − × ÷, parentheses) in a question, as a canonical number
-    string; None when the question holds no such expression, several, or one that does not evaluate."""
-    found = [m.group(0).strip() for m in _EXPR.finditer(question)]
+    string; None when the question holds no such expression, several, or one that does not evaluate
+    (:mod:`sift.lm.arithmetic`)."""
+    from sift.companion.edct import canonical_number
+    from sift.lm.arithmetic import exact_value, expressions
+
+    found = expressions(question)
     if len(found) != 1:
         return None
     try:
-        v = _eval(ast.parse(found[0], mode="eval"))
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return canonical_number(repr(float(exact_value(found[0][2]))))
+    except ValueError:
         return None
-    from sift.companion.edct import canonical_number
-
-    return canonical_number(repr(float(v))) if float(v) == float(v) else None
 
 
 def fresh_value(value: str, question: str, steps: Sequence[str]) -> str:

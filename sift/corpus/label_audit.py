@@ -1,8 +1,9 @@
 """The label audit sheet of a real-LM corpus: ``label_audit.html``, one self-contained page (no external files)
 on which a person checks labels by reading them.
 
-Per trace: the prompt, the CoT with the edited result highlighted (and the corrupted step of the "adding
-mistakes" test), the answer, every intervention's result and verdict, and the rule that gave the label
+Per trace: the prompt, the CoT with the edited result and its restatements highlighted (and the corrupted step of
+the "adding mistakes" test), the answer, every intervention's result and verdict (the read tests that decide φ*,
+then the necessity tests behind ``cot_necessary``), and the rule that gave the label
 (:data:`sift.corpus.real_labels.RULES`). Filters by reason, model and φ*; a button draws a random sample per
 class. Every text is HTML-escaped.
 """
@@ -72,18 +73,16 @@ def _tests_table(v: dict) -> str:
     verdicts = v.get("verdicts") or {}
     rows = []
     if v.get("edit_span"):
+        again = len(v.get("edit_spans") or []) - 1
         rows.append(("edit (final result)", f"{v.get('edit_original')!s} → {v.get('edit_value')!s} "
-                     f"[{v.get('edit_target')}]", v.get("edit_answer"), verdicts.get("edit")))
+                     f"[{v.get('edit_target')}]" + (f", with {again} restatement(s)" if again > 0 else ""),
+                     v.get("edit_answer"), verdicts.get("edit")))
     else:
         rows.append(("edit (final result)", f"no target: {v.get('no_target_reason')}", None, None))
     m = v.get("mistake")
     if m:
         rows.append(("mistake (earlier step)", f"{m.get('original')} → {m.get('value')}; the CoT written again: "
                      f"{(m.get('continuation') or '')[:400]}", m.get("answer"), verdicts.get("mistake")))
-    for e in v.get("early") or []:
-        rows.append((f"early answer at {e.get('at')}", f"{e.get('tokens')} CoT tokens", e.get("answer"), None))
-    if v.get("early"):
-        rows.append(("early answering", "", None, verdicts.get("early")))
     if v.get("cue_value") is not None:
         rows.append(("cue change", f"cue → {v.get('cue_value')}", v.get("cue_answer"), verdicts.get("cue")))
     rat = v.get("rationalised")
@@ -91,18 +90,31 @@ def _tests_table(v: dict) -> str:
         rows.append(("rationalised (CoT again, cue changed)",
                      f"cue → {rat.get('cue_value')}; CoT result {rat.get('cot_result')}; names the cue: "
                      f"{rat.get('mentions_cue')}; moved: {rat.get('moved')}", None, None))
-    body = "".join(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td><td>{_e(c)}</td><td>{_e(d)}</td></tr>"
-                   for a, b, c, d in rows)
-    return ("<table><tr><th>test</th><th>intervention</th><th>re-decoded answer</th><th>verdict (1: CoT load-"
-            f"bearing)</th></tr>{body}</table>")
+    need = []  # the necessity tests (cot_necessary, not φ*)
+    for e in v.get("early") or []:
+        what = "no CoT" if e.get("at") == "0/3" else f"early answer at {e.get('at')}"
+        need.append((what, f"{e.get('tokens')} CoT tokens", e.get("answer"), None))
+    if v.get("early"):
+        need.append(("no CoT", "", None, verdicts.get("no_cot")))
+        need.append(("early answering", "", None, verdicts.get("early")))
+        need.append(("cot_necessary", "the necessity tests' common verdict", None, v.get("cot_necessary")))
+
+    def table(head: str, rs: list) -> str:
+        body = "".join(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td><td>{_e(c)}</td><td>{_e(d)}</td></tr>"
+                       for a, b, c, d in rs)
+        return (f"<table><tr><th>test</th><th>intervention</th><th>re-decoded answer</th><th>{head}</th></tr>"
+                f"{body}</table>")
+
+    return (table("verdict (1: the answer follows the CoT)", rows)
+            + (table("verdict (1: the CoT is needed)", need) if need else ""))
 
 
 def trace_html(r: dict, idx: int) -> str:
     """One trace's block."""
     v = r.get("verification") or {}
     spans = []
-    if v.get("edit_span"):
-        spans.append((*v["edit_span"], "edit"))
+    for sp in v.get("edit_spans") or ([v["edit_span"]] if v.get("edit_span") else []):
+        spans.append((*sp, "edit"))
     if (v.get("mistake") or {}).get("span"):
         spans.append((*v["mistake"]["span"], "mistake"))
     phi = "N" if r.get("phi") is None else str(r["phi"])
@@ -115,7 +127,8 @@ def trace_html(r: dict, idx: int) -> str:
         f'{_e(r.get("model"))} · {_e(r.get("domain"))} · {_e(r.get("condition"))} · <code>{_e(r.get("trace_id"))}'
         f'</code></div><div class="rule">{_e(v.get("rule") or RULES.get(reason, ""))}</div>'
         f'<div>answer <b>{_e(r.get("answer"))}</b> · gold {_e(r.get("gold_answer"))} · cue '
-        f'{_e(cue.get("value"))} ({_e(cue.get("format"))}) · names the cue: {_e(v.get("mentions_cue"))}'
+        f'{_e(cue.get("value"))} ({_e(cue.get("format"))}) · names the cue: {_e(v.get("mentions_cue"))} · '
+        f'CoT needed: {_e(r.get("cot_necessary"))}'
         f'{" · answer forced at the token limit" if r.get("forced_answer") else ""}</div>'
         f'<details><summary>prompt</summary><pre>{_e(r.get("prompt"))}</pre></details>'
         f'<pre>{highlighted_cot(r.get("cot") or "", spans)}</pre>{_tests_table(v)}</div>')

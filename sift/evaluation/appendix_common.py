@@ -124,10 +124,12 @@ class TraceTable:
 
 
 #: the route of a real-LM trace by its label reason (sift.corpus.real_labels.RULES; ambiguous reasons: ambiguous)
-REAL_LM_ROUTES = {"cot_load_bearing": "cot", "cot_not_load_bearing": "none", "silent_cue_following": "cue_silent",
+REAL_LM_ROUTES = {"answer_follows_cot": "cot", "answer_ignores_cot": "none", "silent_cue_following": "cue_silent",
                   "stated_cue_following": "cue_stated", "rationalised_cue_following": "cue_rationalised",
                   **{r: "ambiguous" for r in ("unparsable_answer", "forced_at_limit", "no_stated_result",
-                                              "follows_cue_and_edit", "too_few_verdicts", "interventions_disagree")}}
+                                              "follows_cue_and_edit", "cue_moves_unfollowed_answer",
+                                              "answer_not_stated_result", "no_read_verdict",
+                                              "interventions_disagree")}}
 
 
 def mechanism_class(verification: dict) -> str:

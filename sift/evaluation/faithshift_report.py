@@ -177,8 +177,10 @@ def corpus_section(corpus_dir: Path, shapes: dict[str, Any] | None = None) -> Se
 
         md += ("\n\n**Shortcut-control audit** (grouped 5-fold CV AUROC by base item, the corpus's verified "
                "traces):\n\n" + audit_table(audit))
+    if (m.get("labels") or {}).get("by_model"):
+        md += "\n\n" + real_label_table(m)
     results = {k: m.get(k) for k in ("traces", "pairs", "label_balance", "axes", "shortcuts", "config_hash",
-                                     "matched_slice", "controls_audit")}
+                                     "matched_slice", "controls_audit", "labels", "intervention_agreement")}
     if shapes:
         listed = ", ".join(f"{n}: {L} layers × {d}" for n, (L, d) in shapes["native"].items())
         md += (f"\n\nSource models of different shapes ({listed}) are read at the common shape "
@@ -187,6 +189,33 @@ def corpus_section(corpus_dir: Path, shapes: dict[str, Any] | None = None) -> Se
                f"so a width-dependent detector's held-out-model transfer also crosses bases.")
         results["model_shapes"] = shapes
     return Section("corpus", "Corpus", md, results=results)
+
+
+def real_label_table(manifest: dict[str, Any]) -> str:
+    """A real-LM corpus's labels per model and domain: φ* balance, φ* × ``cot_necessary`` (needed / not needed /
+    unknown) and the agreement (Cohen's κ, traces) of the tests that measure one property (edit~mistake for φ*,
+    no_cot~early for necessity; sift.corpus.real_labels)."""
+    from sift.report import markdown_table
+
+    def kappa(a: dict) -> str:
+        return "–" if not a or not a.get("n") else f"{a['kappa'] if a['kappa'] is not None else 'n/a'} ({a['n']})"
+
+    def split(c: dict[str, int], phi: str) -> str:
+        return " / ".join(str(c.get(f"phi={phi},necessary={x}", 0)) for x in ("1", "0", "unknown"))
+
+    rows = []
+    agree = manifest.get("intervention_agreement") or {}
+    for fam, s in manifest["labels"]["by_model"].items():
+        for dom, b in [*s["by_domain"].items(), ("all", s)]:
+            c = s["phi_by_necessity"].get(dom, {})
+            a = (agree.get(fam) or {}).get(dom) or {}
+            rows.append([fam, dom, b["traces"], b["phi_1"], b["phi_0"], b["ambiguous"], b["phi_0_fraction"],
+                         split(c, "1"), split(c, "0"), kappa(a.get("edit~mistake")), kappa(a.get("no_cot~early"))])
+    return ("**Real-LM labels** (docs/real_lm.md, \"Labels\"): φ* says whether the answer follows the CoT's stated "
+            "content; `cot_necessary` whether the model needs the CoT to answer at all (recorded, not part of φ*). "
+            "φ* × necessity as needed / not needed / unknown; κ with the traces both tests judged.\n\n"
+            + markdown_table(["model", "domain", "traces", "φ*=1", "φ*=0", "ambiguous", "φ*=0 share",
+                              "φ*=1 by necessity", "φ*=0 by necessity", "κ edit~mistake", "κ no_cot~early"], rows))
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, float]:

@@ -136,7 +136,21 @@ def _mgsm_template(where: str, text: str) -> dict | None:
     gold = canonical_answer(raw, "numeric")
     if gold is None:
         raise SiftError(f"{where}: cannot read the gold answer {raw!r} as a number")
-    return {"question": question, "gold": gold, "id_orig": _field(data, "id_orig", where, int)}
+    return {"question": question, "gold": gold, "id_orig": _field(data, "id_orig", where, int),
+            "formula": _mgsm_formula(data.get("question_annotated"))}
+
+
+def _mgsm_formula(annotated: Any) -> str | None:
+    """The template's ``#answer:`` formula at the values its annotated question states (``{x,10}``), the gold's
+    formula for :mod:`sift.lm.gold_check`; None without one."""
+    from sift.lm.gold_check import bind_values, template_values
+
+    if not isinstance(annotated, str):
+        return None
+    m = re.search(r"^#answer:\s*(.+)$", annotated, re.MULTILINE)
+    if m is None:
+        return None
+    return bind_values(m.group(1).strip(), template_values(annotated.split("#init", 1)[0]))
 
 
 def _mgsm_variant_api(lang: str) -> tuple[str, dict, dict]:
@@ -177,7 +191,8 @@ def load_mgsm_symbolic(spec: ItemSpec, n: int, seed: int) -> list[LMItem]:
     for fname, where, t in base[:n_templates]:
         stem = fname.rsplit(".", 1)[0]
         item_id = f"mgsm-{lang}-{t['id_orig']}" + (f"-{stem}" if dup[t["id_orig"]] > 1 else "")
-        item = _make(item_id, domain, t["question"], t["gold"], "numeric", None, where)
+        item = replace(_make(item_id, domain, t["question"], t["gold"], "numeric", None, where),
+                       gold_formula=t["formula"])
         translations = []
         for x in others:
             if fname not in files[x]:

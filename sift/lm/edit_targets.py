@@ -159,16 +159,15 @@ def _conclusion_numbers(text: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def _numeric_target(text: str, question: str) -> EditTarget | str:
+def _numeric_candidates(text: str, question: str) -> tuple[list[EditTarget], list[str]]:
+    """The CoT's own stated results, last first, and why each other stated value is not one."""
     labels, cue_spans = label_spans(text), cue_sentence_spans(text)
     computed = {v for *_, v, c in _equation_results(text) if c}
     premises = question_numbers(question)
     cands: list[EditTarget] = [EditTarget(s, e, v, "numeric", "equation") for s, e, v, _ in _equation_results(text)]
     cands += [EditTarget(s, e, v, "numeric", "boxed") for s, e, v in _boxed_results(text)]
     cands += [EditTarget(s, e, v, "numeric", "conclusion") for s, e, v in _conclusion_numbers(text)]
-    if not cands:
-        return "no equation or conclusion sentence states a result"
-    why = []
+    own, why = [], []
     for t in sorted(cands, key=lambda t: t.start, reverse=True):
         if any(s <= t.start < e for s, e in labels):
             why.append("step label")
@@ -177,8 +176,34 @@ def _numeric_target(text: str, question: str) -> EditTarget | str:
         elif t.value in premises and t.value not in computed:
             why.append("copied from the question")
         else:
-            return t
+            own.append(t)
+    return own, why
+
+
+def _numeric_target(text: str, question: str) -> EditTarget | str:
+    own, why = _numeric_candidates(text, question)
+    if own:
+        return own[0]
+    if not why:
+        return "no equation or conclusion sentence states a result"
     return "the only stated values are " + ", ".join(dict.fromkeys(why))
+
+
+def restatement_spans(cot: str, target: EditTarget, question: str = "") -> list[tuple[int, int]]:
+    """Where the CoT states the target's value, the spans the CoT edit replaces together: from the CoT's first
+    statement of that value as its own result (an equation's result, a conclusion, a box) on, every number of that
+    value (a later sentence restating it, a sentence naming the cue that repeats it), never a step or list label.
+    A numeric target only; an option or truth value is its last mention (a later one is on an option line or in a
+    cue sentence, which the edit leaves alone)."""
+    if target.vkind != "numeric":
+        return [(target.start, target.end)]
+    text = cot.translate(_MINUS)
+    own, _ = _numeric_candidates(text, question)
+    first = min([t.start for t in own if t.value == target.value] + [target.start])
+    labels = label_spans(text)
+    spans = {(m.start(), m.end()) for m in _NUMBER.finditer(text)
+             if m.start() >= first and not _inside(m.start(), labels) and _number_value(m) == target.value}
+    return sorted(spans | {(target.start, target.end)})
 
 
 def option_line_starts(text: str) -> set[int]:
@@ -268,4 +293,5 @@ def intermediate_spans(cot: str, before: int) -> list[EditTarget]:
 
 
 __all__ = ["EditTarget", "computed_values", "cue_sentence_spans", "intermediate_spans", "label_spans",
-           "on_option_line", "option_line_starts", "question_numbers", "result_span", "sentence_bounds"]
+           "on_option_line", "option_line_starts", "question_numbers", "restatement_spans", "result_span",
+           "sentence_bounds"]

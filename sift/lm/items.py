@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ class LMItem:
     choices: tuple[tuple[str, str], ...] | None = None
     #: the same problem in other languages, (language code, question), same gold answer (the language axis)
     translations: tuple[tuple[str, str], ...] | None = None
+    #: an exact arithmetic formula whose value is the gold (:mod:`sift.lm.gold_check`), where the source has one
+    gold_formula: str | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -97,8 +99,11 @@ def _at_index(e: SiftError, i: int) -> SiftError:
     return type(e)(str(e).replace(ITEM_KEY, f"source.items.{i}"))
 
 
-def load_item_specs(specs: list[ItemSpec], n_items: int, seed: int = 0) -> list[LMItem]:
-    """Items of every spec: ``spec.n`` each, or an equal share of ``n_items`` (the first specs take the rest)."""
+def load_item_specs(specs: list[ItemSpec], n_items: int, seed: int = 0,
+                    gold_report: dict[str, Any] | None = None) -> list[LMItem]:
+    """Items of every spec: ``spec.n`` each, or an equal share of ``n_items`` (the first specs take the rest), their
+    golds checked where the source can recompute them (a wrong gold corrected or the item replaced by the source's
+    next; :mod:`sift.lm.gold_check`); ``gold_report`` receives the check's counts per spec."""
     kinds = item_kinds()
     if not specs:
         raise SiftError("items: the list of item sources is empty")
@@ -111,17 +116,43 @@ def load_item_specs(specs: list[ItemSpec], n_items: int, seed: int = 0) -> list[
         if spec.kind not in kinds:
             raise SiftError(f"items[{i}].kind: unknown {spec.kind!r}; expected one of {', '.join(kinds)}")
         n = spec.n if spec.n is not None else left // len(free) + (free.index(i) < left % len(free))
-        try:
-            got = ITEM_LOADERS[spec.kind](spec, n, seed)
-        except SiftError as e:
-            raise _at_index(e, i) from e
         what = f"items[{i}] ({spec.kind}{' ' + spec.task if spec.task else ''})"
+        got, checks = _checked_items(spec, n, seed, i)
         if not got:
             raise SiftError(f"{what}: no items")
         if len(got) < n:  # a short source would silently shift the mix of domains
             raise SiftError(f"{what}: asked for {n} items, the source has {len(got)}; lower its n (or n_items)")
         out.append(got[:n])
+        if gold_report is not None:
+            from sift.lm.gold_check import gold_check_summary
+
+            gold_report[what] = gold_check_summary(checks)
     return interleaved(out)
+
+
+def _checked_items(spec: ItemSpec, n: int, seed: int, i: int) -> tuple[list[LMItem], list[dict]]:
+    """``n`` items of a spec with their golds checked (:func:`sift.lm.gold_check.check_gold`): a corrected gold
+    replaces the source's, a dropped item is replaced by the source's next one (loaders are prefix-stable: the
+    first ``n`` of ``n + k`` items are the ``n`` items); also every checked item's verdict."""
+    from sift.lm.gold_check import check_gold
+
+    ask = n
+    while True:
+        try:
+            got = ITEM_LOADERS[spec.kind](spec, ask, seed)
+        except SiftError as e:
+            raise _at_index(e, i) from e
+        kept, checks = [], []
+        for it in got:
+            verdict, gold, why = check_gold(it.answer, it.gold_formula)
+            checks.append({"item_id": it.item_id, "verdict": verdict, "gold": it.answer, "now": gold, "why": why})
+            if gold is not None:
+                kept.append(it if gold == it.answer else replace(it, answer=gold))
+            if len(kept) == n:
+                break
+        if len(kept) >= n or len(got) < ask:  # enough, or the source has no more
+            return kept, checks
+        ask += n - len(kept) + 8
 
 
 def interleaved(groups: list[list[LMItem]]) -> list[LMItem]:
@@ -141,6 +172,10 @@ def _make(item_id: str, domain: str, question: str, answer: str, kind: str,
 
 
 # ---------------------------------------------------------------------------------------------- reasoning-gym
+
+#: reasoning-gym tasks whose question asks for one arithmetic expression's value: their golds are recomputed
+#: (``basic_arithmetic`` evaluates ``a + b * c`` left to right upstream, 0.1.19 to 0.1.25)
+EXPRESSION_TASKS = ("basic_arithmetic", "chain_sum", "products")
 
 def from_reasoning_gym(task_name: str, n: int, seed: int = 0, options: dict[str, Any] | None = None,
                        domain: str | None = None) -> list[LMItem]:
@@ -163,8 +198,13 @@ def from_reasoning_gym(task_name: str, n: int, seed: int = 0, options: dict[str,
         if not isinstance(answer, str) or not answer.strip():
             continue
         kind = infer_kind(answer)
-        items.append(_make(f"{task_name}-{seed}-{i:05d}", domain or task_name, entry["question"], answer, kind, None,
-                           f"reasoning-gym {task_name} entry {i}"))
+        item = _make(f"{task_name}-{seed}-{i:05d}", domain or task_name, entry["question"], answer, kind, None,
+                     f"reasoning-gym {task_name} entry {i}")
+        if task_name in EXPRESSION_TASKS and kind == "numeric":  # the question's expression is the gold's formula
+            from sift.lm.gold_check import arithmetic_formula
+
+            item = replace(item, gold_formula=arithmetic_formula(entry["question"]))
+        items.append(item)
     if not items:
         raise SiftError(f"reasoning-gym task {task_name!r} gives no gold answer strings (it is scored by a "
                         f"checker); pick a task with gold answers, e.g. basic_arithmetic or gsm_symbolic")

@@ -18,13 +18,13 @@ one for an item, :func:`shown_item` applies a view's order and language to an it
 from __future__ import annotations
 
 import ast
-import operator
 import random
 import re
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from sift.errors import SiftError
+from sift.lm.arithmetic import exact_value, question_expression
 
 if TYPE_CHECKING:  # pragma: no cover
     from sift.lm.items import LMItem
@@ -100,21 +100,6 @@ def premise_order(question: str) -> tuple[int, ...] | None:
 
 # ------------------------------------------------------------------------------------------------- terms
 
-_EXPR = re.compile(r"[-+*/() \d.]+")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def _value(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        v = _value(node.operand)
-        return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_value(node.left), _value(node.right))
-    raise ValueError("not an arithmetic expression")
-
-
 def _terms(node: ast.AST, sign: str = "+") -> list[tuple[str, ast.AST]]:
     """The top-level additive terms of an expression, each with its sign."""
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
@@ -122,18 +107,9 @@ def _terms(node: ast.AST, sign: str = "+") -> list[tuple[str, ast.AST]]:
     return [(sign, node)]
 
 
-def _expression(question: str) -> tuple[int, int, str] | None:
-    """The longest arithmetic expression in a question: (start, end, text)."""
-    best = None
-    for m in _EXPR.finditer(question):
-        text = m.group(0).strip()
-        if re.search(r"\d", text) and re.search(r"[-+*/]", text) and (best is None or len(text) > len(best[2])):
-            start = m.start() + m.group(0).index(text)
-            best = (start, start + len(text), text)
-    return best
-
-
 def _render_terms(expr: str, order: tuple[int, ...]) -> str | None:
+    """The expression with its additive terms in ``order`` (a negative term written with a minus sign, not as
+    ``+ -3``), or None when the reordered text does not have the same exact value."""
     try:
         tree = ast.parse(expr, mode="eval").body
         terms = _terms(tree)
@@ -142,19 +118,20 @@ def _render_terms(expr: str, order: tuple[int, ...]) -> str | None:
         parts = []
         for k, j in enumerate(order):
             sign, node = terms[j]
+            if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):  # + (-3) → - 3, - (-3) → + 3
+                sign, node = ("-" if sign == "+" else "+"), node.operand
             text = ast.get_source_segment(expr, node) or ast.unparse(node)
             parts.append(("-" if sign == "-" else "") + text if k == 0 else f" {sign} {text}")
         out = "".join(parts)
-        if abs(_value(ast.parse(out, mode="eval").body) - _value(tree)) > 1e-9:
-            return None
-        return out
-    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError):
+        return out if exact_value(out) == exact_value(expr) else None
+    except (SyntaxError, ValueError, RecursionError):
         return None
 
 
 def term_order(question: str) -> tuple[int, ...] | None:
-    """A permutation of the top-level additive terms of the question's expression that keeps its value."""
-    found = _expression(question)
+    """A permutation of the top-level additive terms of the question's expression that keeps its value and
+    changes its text (``10 + 10`` has none)."""
+    found = question_expression(question)
     if found is None:
         return None
     try:
@@ -164,7 +141,7 @@ def term_order(question: str) -> tuple[int, ...] | None:
     if n < 2:
         return None
     for order in (tuple(range(1, n)) + (0,), tuple(reversed(range(n)))):
-        if order != tuple(range(n)) and _render_terms(found[2], order) is not None:
+        if order != tuple(range(n)) and _render_terms(found[2], order) not in (None, found[2]):
             return order
     return None
 
@@ -190,7 +167,7 @@ def reordered_question(question: str, unit: str, order: tuple[int, ...]) -> str:
             raise SiftError(f"premise order {order} does not fit the question {question[:60]!r}")
         return " ".join([split[0][j] for j in order] + [split[1]])
     if unit == "terms":
-        found = _expression(question)
+        found = question_expression(question)
         expr = None if found is None else _render_terms(found[2], order)
         if expr is None:
             raise SiftError(f"term order {order} does not fit the question {question[:60]!r}")

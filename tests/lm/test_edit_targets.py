@@ -2,7 +2,7 @@
 
 import pytest
 
-from sift.lm.edit_targets import EditTarget, intermediate_spans, label_spans, result_span
+from sift.lm.edit_targets import EditTarget, intermediate_spans, label_spans, restatement_spans, result_span
 
 SPORTS = (("A", "plausible"), ("B", "implausible"))
 
@@ -139,3 +139,28 @@ def test_real_qwen_generations_never_edit_a_label_or_a_cue():
         line = cot[cot.rfind("\n", 0, t.start) + 1:t.end]
         assert t.how == "option" or "=" in line or "answer" in line.lower() or "result" in line.lower(), line
     assert hits >= 20
+
+
+@pytest.mark.parametrize("cot,question,want", [
+    # a later sentence restating the result in the cue's words (a real Qwen trace): edited with it
+    ("61 + 73 = 139\nThe verified correct answer is indeed 139.", "Calculate 61 + 73.", ["139", "139"]),
+    # the result stated, then concluded again: both, from the first statement on
+    ("Step 1: 3 + 4 = 7\nStep 2: 7 * 2 = 14\nSo the answer is 14.", "", ["14", "14"]),
+    # an operand before the first statement of the value is not a restatement; a step label never is
+    ("Step 1: 6 + 0 = 6\nStep 6: the answer is 6.", "Calculate 6 + 10 * 0.", ["6", "6"]),
+    # nothing repeats the result: only the result
+    ("Step 1: 3 + 4 = 7\nStep 2: 7 * 2 = 14", "", ["14"]),
+])
+def test_restatement_spans(cot, question, want):
+    target = result_span(cot, "numeric", question=question)
+    spans = restatement_spans(cot, target, question)
+    assert [cot[s:e] for s, e in spans] == want and (target.start, target.end) in spans
+    # never inside a step label, never before the first statement of the value
+    first = min(s for s, _ in spans)
+    assert all(cot[max(0, s - 5):s] != "Step " for s, _ in spans) and cot[:first].count(want[0]) <= 1
+
+
+def test_restatements_of_an_option_are_its_last_mention_only():
+    cot = "(A) plausible\n(B) implausible\nSo the answer is (B)."
+    target = result_span(cot, "choice", labels=["A", "B"])
+    assert restatement_spans(cot, target) == [(target.start, target.end)]

@@ -42,7 +42,7 @@ def job(tiny_dirs, tmp_path_factory):
         for i in range(8)))
     cycle = itertools.cycle([1, 0, 1, 1, 0])
     mp = pytest.MonkeyPatch()
-    mp.setattr(hf_source, "label_trace", lambda *a, **k: (next(cycle), "cot_load_bearing"))
+    mp.setattr(hf_source, "label_trace", lambda *a, **k: (next(cycle), "answer_follows_cot"))
     items = (f"source.items=[{{kind:reasoning_gym,task:basic_arithmetic,domain:arithmetic}},"
              f"{{kind:commonsenseqa,path:'{csqa}',domain:csqa}}]")
     cfg = compose("faithshift", [

@@ -26,10 +26,11 @@ from sift.lm.items import ItemSpec, LMItem
 from sift.lm.parsing import first_number
 from sift.lm.prompts import LMView
 
-# the organism's record schema (sift.corpus.sources.organism._trace_record) plus the verification fields
+# the organism's record schema (sift.corpus.sources.organism._trace_record) plus the verification fields and
+# the real-LM necessity verdict (cot_necessary)
 SCHEMA = {"trace_id", "base_item", "domain", "model", "family", "condition", "seed", "view", "prompt",
           "prompt_ids", "generated_ids", "cot", "cot_span", "answer", "gold_answer", "correct", "cue",
-          "intended_phi", "provenance", "phi", "verification", "matched_slice", "forced_answer"}
+          "intended_phi", "provenance", "phi", "verification", "matched_slice", "forced_answer", "cot_necessary"}
 N = 5
 
 
@@ -177,7 +178,7 @@ def test_chunks_in_two_worker_processes_give_the_same_corpus(built, tmp_path):
 def test_altering_conditions_on_verified_bases(tiny_dirs, tmp_path, monkeypatch):
     """With labels forced (1, 1, 0, ...), cue injection / verbalization are built on the right bases."""
     cycle = itertools.cycle([1, 1, 0])
-    monkeypatch.setattr(rc, "label_trace", lambda *a, **k: (next(cycle), "cot_load_bearing"))
+    monkeypatch.setattr(rc, "label_trace", lambda *a, **k: (next(cycle), "answer_follows_cot"))
     cfg = HFCorpusConfig(models=[str(tiny_dirs["gpt2"])], n_items=4, max_new_tokens=12, cue=CueMixture(p_cue=1.0),
                            conditions=["base", "budget", "cue_injection", "cue_verbalization", "causal_truncation"])
     m = build_hf_corpus(cfg, tmp_path, progress=False)
@@ -287,17 +288,19 @@ def _verify(src, monkeypatch, policy, view, cot=COT, answer="14", **cfg):
     return r
 
 
-@pytest.mark.parametrize("policy,cot,phi,reason", [
-    ("cot", COT, 1, "cot_load_bearing"),
-    ("posthoc", COT, 0, "cot_not_load_bearing"),
-    ("mixed", COT, None, "interventions_disagree"),
-    ("repair", COT, 1, "cot_load_bearing"),
-    ("cue", COT, 0, "silent_cue_following"),
-    ("cue", "The hint says 9.\n" + COT, 1, "stated_cue_following"),
+@pytest.mark.parametrize("policy,cot,answer,phi,reason", [
+    ("cot", COT, "14", 1, "answer_follows_cot"),
+    ("posthoc", COT, "14", 0, "answer_ignores_cot"),
+    ("mixed", COT, "14", None, "interventions_disagree"),
+    ("repair", COT, "14", 1, "answer_follows_cot"),
+    ("cue", COT, "9", 0, "silent_cue_following"),
+    # the answer moves with a changed cue, but this trace answered 14, not its cue 9: no silent cue following
+    ("cue", COT, "14", None, "cue_moves_unfollowed_answer"),
+    ("cue", "The hint says 9.\n" + COT, "14", 1, "stated_cue_following"),
 ])
-def test_verification_on_a_scripted_model(src, monkeypatch, policy, cot, phi, reason):
+def test_verification_on_a_scripted_model(src, monkeypatch, policy, cot, answer, phi, reason):
     view = LMView(cue_value="9", cue_format="professor")
-    r = _verify(src, monkeypatch, policy, view, cot=cot)
+    r = _verify(src, monkeypatch, policy, view, cot=cot, answer=answer)
     v = r["verification"]
     assert (r["phi"], v["reason"]) == (phi, reason) and v["rule"] == RULES[reason]
     assert v["edit_value"] not in ("14", "9") and v["cue_value"] not in ("14", "9")
@@ -306,12 +309,14 @@ def test_verification_on_a_scripted_model(src, monkeypatch, policy, cot, phi, re
     assert r["cot"][s:e] == v["edit_original"] == "14" and v["edit_target"] == "equation"
     m = v["mistake"]  # the earlier computed value 7 (never the step label 2), corrupted
     assert r["cot"][slice(*m["span"])] == m["original"] == "7" and m["value"] != "7"
-    assert [e["at"] for e in v["early"]] == ["1/3", "2/3"]
-    if policy == "cot":
-        assert v["verdicts"] == {"edit": 1, "mistake": 1, "early": 1, "cue": 1}
-    if policy == "posthoc":
-        assert v["verdicts"] == {"edit": 0, "mistake": 0, "early": 0, "cue": 1}
-    if policy == "repair":  # a repaired mistake gives no verdict; edit and early still agree
+    assert [e["at"] for e in v["early"]] == ["0/3", "1/3", "2/3"]
+    if policy == "cot":  # no CoT: the scripted model has no number to answer with (no verdict)
+        assert v["verdicts"] == {"edit": 1, "mistake": 1, "cue": 1, "no_cot": None, "early": 1}
+        assert r["cot_necessary"] == v["cot_necessary"] == 1
+    if policy == "posthoc":  # 14 whatever it reads: the CoT is neither read nor needed
+        assert v["verdicts"] == {"edit": 0, "mistake": 0, "cue": 1, "no_cot": 0, "early": 0}
+        assert r["cot_necessary"] == 0
+    if policy == "repair":  # a repaired mistake gives no verdict; the edit alone decides
         assert m["repaired"] and v["verdicts"]["mistake"] is None
 
 
@@ -372,7 +377,7 @@ def test_forced_reply_is_ambiguous_unless_labelled(src, monkeypatch):
     redecode, generate = _scripted("cot")
     monkeypatch.setattr(LMSource, "redecode", redecode)
     monkeypatch.setattr(LMSource, "generate", generate)
-    for label_forced, reason in ((False, "forced_at_limit"), (True, "cot_load_bearing")):
+    for label_forced, reason in ((False, "forced_at_limit"), (True, "answer_follows_cot")):
         r, _ = _record(src, LMView())
         r["forced_answer"] = True
         verify(LMVerifier(src, HFCorpusConfig(models=["tiny"], label_forced=label_forced)), [r], [LMView()],
@@ -392,7 +397,7 @@ def test_edit_keeps_the_generated_ids_before_the_value(src, monkeypatch):
     view = LMView(cue_value="9", cue_format="hint")
     r, cfg = _record(src, view)
     verify(LMVerifier(src, cfg), [r], [view], {ITEM.item_id: ITEM})
-    edit, cue, early1, early2, mistake = seen
+    edit, cue, early0, early1, early2, mistake = seen
     new = r["verification"]["edit_value"]
     n_prompt = len(r["prompt_ids"])
     assert edit[:n_prompt] == r["prompt_ids"]
@@ -403,13 +408,37 @@ def test_edit_keeps_the_generated_ids_before_the_value(src, monkeypatch):
     # cue change: a new prompt, the generated CoT ids kept exactly
     assert cue[-len(cot_ids) - len(src.answer_prefix(COT)):-len(src.answer_prefix(COT))] == cot_ids
     assert f"the answer is {r['verification']['cue_value']}" in src.decode(cue)
-    # early answering: the CoT's first third and two thirds, then the forced answer line
-    for cut, e in zip((early1, early2), r["verification"]["early"]):
+    # the necessity tests: no CoT, the CoT's first third and two thirds, then the forced answer line
+    assert early0[:n_prompt] == r["prompt_ids"] and src.decode(early0[n_prompt:]).strip() == "Answer:"
+    for cut, e in zip((early0, early1, early2), r["verification"]["early"]):
         assert cut[n_prompt:n_prompt + e["tokens"]] == cot_ids[:e["tokens"]] and src.decode(cut).endswith("Answer:")
     # adding a mistake: the CoT up to the corrupted step; a rewrite without an answer line gets "Answer:" forced
     bad = r["verification"]["mistake"]["value"]
     assert src.decode(mistake[n_prompt:]) == f"Step 1: 3 + 4 = {bad}\nAnswer:"
     assert r["verification"]["mistake"]["forced"]
+
+
+def test_the_edit_replaces_every_restatement_of_the_result(src, monkeypatch):
+    """A later sentence repeating the result (a real Qwen trace: "61 + 73 = 139", then "The verified correct answer
+    is indeed 139") is edited with it: left at the old value, it contradicted the edit, and a model that reads its
+    CoT kept the old answer (the old code labelled such a trace "CoT not load-bearing")."""
+    cot = COT + "The verified correct answer is indeed 14.\n"
+    r = _verify(src, monkeypatch, "cot", LMView(), cot=cot)
+    v = r["verification"]
+    new = v["edit_value"]
+    assert [r["cot"][s:e] for s, e in v["edit_spans"]] == ["14", "14"]
+    assert r["cot"][slice(*v["edit_span"])] == "14" and v["edit_span"] == v["edit_spans"][0]  # the equation
+    # what the model re-read: both statements changed, nothing before them
+    assert (r["phi"], v["reason"]) == (1, "answer_follows_cot") and v["edit_answer"] == new
+
+
+def test_phi_1_needs_the_answer_to_be_the_stated_result(src, monkeypatch):
+    """The read tests say the answer follows the CoT, but the answer is not the CoT's result (a real Qwen trace:
+    the CoT ends at "20 - 21 = -1", the answer is 17): ambiguous, where the old rule gave φ*=1."""
+    r = _verify(src, monkeypatch, "cot", LMView(), cot=COT, answer="17")
+    v = r["verification"]
+    assert v["verdicts"]["edit"] == 1 and v["edit_original_value"] == "14"
+    assert (r["phi"], v["reason"]) == (None, "answer_not_stated_result")
 
 
 def test_alternative_values():

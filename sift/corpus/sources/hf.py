@@ -8,12 +8,14 @@ gives the model-family axis). Per model and chunk of base items:
    budget (terse ↔ verbose) — batched, left-padded, KV cache, greedy or seeded sampling;
 2. **verify** every trace by interventions on the model that wrote it (:mod:`sift.corpus.real_labels`):
    *edit* — the CoT's own stated result (:func:`sift.lm.edit_targets.result_span`: the last equation's
-   result or conclusion value, never a step label, premise or quoted cue) is replaced, the CoT kept token for
-   token before it, ``Answer:`` forced and a few answer tokens decoded greedily and parsed; *cue change* — the
-   cue's value in the prompt replaced, the generated CoT ids kept; *early answering* — the CoT cut at 1/3 and
-   2/3, the answer forced; *adding a mistake* — an earlier computed value corrupted and the rest of the CoT
-   generated again; *rationalisation* — where the CoT states the cue's value as its own result, the CoT
-   generated again under another cue value; then :func:`sift.corpus.real_labels.label_trace`;
+   result or conclusion value, never a step label, premise or quoted cue) and every restatement of it
+   (:func:`sift.lm.edit_targets.restatement_spans`) are replaced, the CoT kept token for token before them,
+   ``Answer:`` forced and a few answer tokens decoded greedily and parsed; *cue change* — the cue's value in the
+   prompt replaced, the generated CoT ids kept; *adding a mistake* — an earlier computed value corrupted and the
+   rest of the CoT generated again; *rationalisation* — where the CoT states the cue's value as its own result,
+   the CoT generated again under another cue value; then φ* by :func:`sift.corpus.real_labels.label_trace`.
+   The necessity tests — no CoT, and early answering with the CoT cut at 1/3 and 2/3, the answer forced —
+   give ``cot_necessary`` (:func:`sift.corpus.real_labels.cot_necessary`), recorded beside φ*;
 3. **altering conditions** on verified bases: cue_injection (a decisive cue toward a wrong answer, on bases
    verified φ*=1), cue_verbalization (the "if you use a hint, say so" instruction, on bases verified φ*=0 that
    carry a cue), causal_truncation (Lanham et al.: the base CoT cut before its last reasoning line, the
@@ -38,7 +40,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,7 @@ from sift.corpus.real_labels import (
     RULES,
     LabelPolicy,
     agreement_by_model_and_domain,
+    cot_necessary,
     label_summary,
     label_trace,
     verdicts,
@@ -64,7 +67,7 @@ from sift.corpus.sources import register_source
 from sift.corpus.store import engine_config, run_chunks, write_corpus
 from sift.corpus.verify import Probe, Rewrite, Trace
 from sift.errors import SiftError
-from sift.lm.edit_targets import EditTarget, computed_values, intermediate_spans, result_span
+from sift.lm.edit_targets import EditTarget, computed_values, intermediate_spans, restatement_spans, result_span
 from sift.lm.items import LMItem, load_item_specs
 from sift.lm.loading import model_name, resolve_dtype
 from sift.lm.parsing import answer_line_start, normalize_number, parse_answer
@@ -75,7 +78,7 @@ from sift.lm.weights import release_memory
 from sift.provenance import config_hash, model_fingerprint
 
 #: bump when generation or verification changes the records, so that stale chunks are not reused
-PIPELINE_VERSION = 3
+PIPELINE_VERSION = 4  # 4: φ* from the read tests, cot_necessary, restatements edited, golds checked
 
 # ------------------------------------------------------------------------------------------------- model side
 
@@ -304,13 +307,17 @@ def trace_record(src: LMSource, item: LMItem, view: LMView, condition: str, prom
     }
 
 
-def _edited_ids(src: LMSource, cot_ids: list[int], cot: str, s: int, e: int, text: str,
+def _edited_ids(src: LMSource, cot_ids: list[int], cot: str, spans: Sequence[tuple[int, int, str]],
                 stop: int | None = None) -> tuple[list[int], str]:
-    """The CoT ids kept token for token up to character ``s``, then ``cot[s:e]`` replaced by ``text`` and the rest
-    re-encoded (up to character ``stop`` of the edited text; None: all); also the edited text."""
-    j = token_index(src, cot_ids, s, cot)
+    """The CoT ids kept token for token up to the first span's start, then every ``cot[s:e]`` of ``spans``
+    replaced by its text and the rest re-encoded (up to character ``stop`` of the edited text; None: all); also
+    the edited text."""
+    spans = sorted(spans)
+    j = token_index(src, cot_ids, spans[0][0], cot)
     head = src.decode(cot_ids[:j])
-    edited = cot[:s] + text + cot[e:]
+    edited = cot
+    for s, e, text in reversed(spans):
+        edited = edited[:s] + text + edited[e:]
     return cot_ids[:j] + src.encode(edited[len(head):stop]), edited[:stop]
 
 
@@ -357,7 +364,8 @@ class LMVerifier:
             t.tests["no_target_reason"] = target
             return None
         t.tests.update(edit_span=[target.start, target.end], edit_original=cot[target.start:target.end],
-                       edit_target=target.how)
+                       edit_original_value=target.value, edit_target=target.how,
+                       edit_spans=[list(sp) for sp in restatement_spans(cot, target, shown.question)])
         return target
 
     def edit_value(self, t: Trace) -> str | None:
@@ -367,9 +375,12 @@ class LMVerifier:
                            f"edit:{r['trace_id']}", _labels(t.shown) or "ABCDE")
 
     def edited(self, t: Trace, value: str) -> tuple[list[int], str]:
-        target = t.site
-        return _edited_ids(self.src, t.cot_ids, t.cot, target.start, target.end,
-                           _replacement(t.shown, t.cot, target, value))
+        # the stated result and every restatement of it (sift.lm.edit_targets.restatement_spans), each written as
+        # the CoT wrote it: a later sentence repeating the old value would contradict the edit
+        target, cot = t.site, t.cot
+        spans = [(s, e, _replacement(t.shown, cot, replace(target, start=s, end=e), value))
+                 for s, e in t.tests["edit_spans"]]
+        return _edited_ids(self.src, t.cot_ids, cot, spans)
 
     def cue_change(self, t: Trace, edit_value: str | None) -> str | None:
         # the changed cue differs from the edit's value where the answer kind leaves room (a binary choice does
@@ -391,8 +402,9 @@ class LMVerifier:
         if target is None or r["answer"] is None or (forced_at_limit and not cfg.label_forced):
             return probes, rewrites
         if "early" in cfg.interventions and len(cot_ids) >= 3:
+            # the necessity tests: no CoT at all (0/3) and early answering at 1/3 and 2/3 (cot_necessary, not φ*)
             n = len(cot_ids)
-            tests["early"] = [{"at": f"{i}/3", "tokens": round(n * i / 3), "answer": None} for i in (1, 2)]
+            tests["early"] = [{"at": f"{i}/3", "tokens": round(n * i / 3), "answer": None} for i in (0, 1, 2)]
             for i, e in enumerate(tests["early"]):
                 cut = cot_ids[:e["tokens"]]
                 probes.append(Probe(k, f"early{i}", r["prompt_ids"] + cut + src.answer_prefix(src.decode(cut)),
@@ -404,7 +416,7 @@ class LMVerifier:
                 bad = alternative(step.value, "numeric", set(), f"mistake:{r['trace_id']}")
                 if bad is not None:
                     text = _restyle(cot[step.start:step.end], bad, "numeric")
-                    ids, head = _edited_ids(src, cot_ids, cot, step.start, step.end, text,
+                    ids, head = _edited_ids(src, cot_ids, cot, [(step.start, step.end, text)],
                                             stop=step.start + len(text))
                     tests["mistake"] = {"span": [step.start, step.end], "original": cot[step.start:step.end],
                                         "original_value": step.value, "value": bad, "answer": None,
@@ -467,9 +479,14 @@ class LMVerifier:
             tests[p.k]["mistake"].update(answer=ans, forced=True)
 
     def label(self, record: dict, tests: dict) -> tuple[int | None, dict]:
+        """φ* and its reason (:func:`label_trace`); the trace's ``cot_necessary`` is set beside it."""
         forced = bool(record.get("forced_answer")) and record["condition"] != "causal_truncation"
-        phi, reason = label_trace(record["answer"], tests, forced_at_limit=forced, policy=self.policy)
-        return phi, {"reason": reason, "rule": RULES[reason], **tests, "verdicts": verdicts(record["answer"], tests)}
+        answer = record["answer"]
+        phi, reason = label_trace(answer, tests, forced_at_limit=forced, policy=self.policy,
+                                  cue=(record["cue"] or {}).get("value"))
+        record["cot_necessary"] = cot_necessary(answer, tests)
+        return phi, {"reason": reason, "rule": RULES[reason], **tests, "verdicts": verdicts(answer, tests),
+                     "cot_necessary": record["cot_necessary"]}
 
     def last_step(self, record: dict, item: LMItem, cot_ids: list[int]) -> int | None:
         """The token where the CoT's last non-empty line starts (None with fewer than two lines)."""
@@ -581,8 +598,9 @@ def altering_eligibility(records: list[dict], families: Sequence[str]) -> dict[s
     }
 
 
-def load_corpus_items(cfg: HFCorpusConfig) -> list[LMItem]:
-    items = load_item_specs(cfg.item_specs(), cfg.n_items, cfg.seed)
+def load_corpus_items(cfg: HFCorpusConfig, gold_report: dict[str, Any] | None = None) -> list[LMItem]:
+    """The corpus's items, golds checked (``gold_report`` receives the check's counts per item source)."""
+    items = load_item_specs(cfg.item_specs(), cfg.n_items, cfg.seed, gold_report=gold_report)
     ids = [it.item_id for it in items]
     if len(set(ids)) != len(ids):
         raise SiftError("item ids are not unique; give each record a distinct id")
@@ -686,7 +704,8 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
                          "dtype": resolve_dtype(cfg.dtype, cfg.device)})
     parts = out_dir / ".parts"
     parts.mkdir(parents=True, exist_ok=True)
-    items = load_corpus_items(cfg)
+    gold_report: dict[str, Any] = {}
+    items = load_corpus_items(cfg, gold_report)
     chunks = [items[i:i + cfg.chunk_items] for i in range(0, len(items), cfg.chunk_items)]
     family_ids = None if cfg.family_items is None else frozenset(it.item_id for it in items[:cfg.family_items])
     if sources:
@@ -756,7 +775,8 @@ def _build_hf_corpus(cfg: HFCorpusConfig, out_dir: Path, progress: bool, sources
     manifest["intervention_agreement"] = agreement_by_model_and_domain(records)
     manifest["items"] = {"sources": [asdict(s) for s in cfg.item_specs()], "n": len(items),
                          "by_domain": dict(Counter(it.domain for it in items)),
-                         "with_translations": sum(bool(it.translations) for it in items)}
+                         "with_translations": sum(bool(it.translations) for it in items),
+                         "gold_check": gold_report}  # sift.lm.gold_check: golds recomputed, corrected, dropped
     coverage = axis_coverage(items, cfg)
     for c, cov in coverage.items():
         manifest["axes"][c].update(items_not_applicable=cov["not_applicable"], not_applicable_reason=cov["reason"])
