@@ -119,6 +119,8 @@ class FaithShiftConfig:
     torch_threads: int = MISSING
     wandb: bool = MISSING
     wandb_project: str = MISSING
+    # formats the job exports at its end (sift.export: hf | inspect; empty: none; `sift-export <job>` any time)
+    export: list[str] = field(default_factory=list)
     executor: Any = MISSING
 
 

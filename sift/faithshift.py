@@ -635,4 +635,10 @@ def _run_stages(cfg: DictConfig, out: Path, specs: list[RunSpec]) -> dict[str, A
         from sift.evaluation.faithshift_report import write_faithshift_report
 
         paths = write_faithshift_report(cfg, out, specs, preds)
+    if cfg.get("export"):
+        with Stage(f"export ({', '.join(cfg.export)})"):
+            from sift.export import export
+
+            export(out, out / "export", list(cfg.export))
+        paths["export"] = str(out / "export")
     return {**paths, "runs": len(specs)}

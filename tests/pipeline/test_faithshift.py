@@ -19,7 +19,8 @@ TINY = ["n_items=16", "detectors=[hidden_probe,biasing_features]", "controls=[te
         "bootstrap.resamples=30", "max_epochs_by_detector=null",  # the preset's caps (text_sift: 60) would win
         "wandb=false", "workers=1", "instance_ensemble=[hidden_probe,biasing_features]",
         "mechanisms=null",  # one mechanism kind (tests/test_faithshift_kinds.py compares several)
-        "trainer.stack_seeds=true"]  # text_sift's two seeds train stacked (on CPU `auto` keeps them apart)
+        "trainer.stack_seeds=true",  # text_sift's two seeds train stacked (on CPU `auto` keeps them apart)
+        "export=[hf]"]  # the export stage (sift.export; the Inspect log's round trip: tests/test_export.py)
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,24 @@ def test_report_shows_the_controls_group_margins_and_the_matched_slice(job):
     assert manifest["matched_slice"]["traces"] > 0
     assert set(manifest["controls_audit"]["controls"]) == {"text_bow", "surface", "prompt_probe", "text_trees"}
     assert "Shortcut-control audit" in report
+
+
+def test_the_export_stage_holds_every_trace_and_prediction_with_the_datamodules_splits(job):
+    """The job's export (export=[hf]): one corpus row per trace, one prediction row per (run, split, trace), and
+    each trace's split is the one its predictions were made on (the DataModule's, recomputed from the config)."""
+    datasets = pytest.importorskip("datasets")
+    from sift.evaluation.predictions import Predictions
+
+    _, out, res = job
+    corpus = datasets.load_from_disk(str(out / "export" / "corpus"))
+    preds = datasets.load_from_disk(str(out / "export" / "predictions"))
+    n_traces = sum(1 for line in (out / "corpus" / "traces.jsonl").read_text().splitlines() if line.strip())
+    assert len(corpus) == n_traces and res["export"] == str(out / "export")
+    files = [f for r in json.loads((out / "runs" / "index.json").read_text()) for f in r["predictions"].values()]
+    assert len(preds) == sum(len(Predictions.load(f)) for f in files) > 0
+    split_of = dict(zip(corpus["trace_id"], corpus["split"]))
+    for t, sp in zip(preds["trace_id"], preds["split"]):
+        assert split_of[t] == sp or (sp == "val" and split_of[t] in ("val", "calib"))
 
 
 def test_rerun_reuses_every_stage(job, capsys):
