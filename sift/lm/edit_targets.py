@@ -192,7 +192,8 @@ def _numeric_target(text: str, question: str) -> EditTarget | str:
 def restatement_spans(cot: str, target: EditTarget, question: str = "") -> list[tuple[int, int]]:
     """Where the CoT states the target's value, the spans the CoT edit replaces together: from the CoT's first
     statement of that value as its own result (an equation's result, a conclusion, a box) on, every number of that
-    value (a later sentence restating it, a sentence naming the cue that repeats it), never a step or list label.
+    value (a later sentence restating it, a sentence naming the cue that repeats it; a negative value also by its
+    magnitude: "late by 12 minutes" after "= -12"), never a step or list label.
     A numeric target only; an option or truth value is its last mention (a later one is on an option line or in a
     cue sentence, which the edit leaves alone)."""
     if target.vkind != "numeric":
@@ -201,8 +202,10 @@ def restatement_spans(cot: str, target: EditTarget, question: str = "") -> list[
     own, _ = _numeric_candidates(text, question)
     first = min([t.start for t in own if t.value == target.value] + [target.start])
     labels = label_spans(text)
+    # a negative result is also restated by its magnitude ("30 - 42 = -12 ... they are late by 12 minutes")
+    values = {target.value, target.value[1:]} if target.value.startswith("-") else {target.value}
     spans = {(m.start(), m.end()) for m in _NUMBER.finditer(text)
-             if m.start() >= first and not _inside(m.start(), labels) and _number_value(m) == target.value}
+             if m.start() >= first and not _inside(m.start(), labels) and _number_value(m) in values}
     return sorted(spans | {(target.start, target.end)})
 
 

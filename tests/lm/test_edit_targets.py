@@ -164,3 +164,11 @@ def test_restatements_of_an_option_are_its_last_mention_only():
     cot = "(A) plausible\n(B) implausible\nSo the answer is (B)."
     target = result_span(cot, "choice", labels=["A", "B"])
     assert restatement_spans(cot, target) == [(target.start, target.end)]
+
+
+def test_a_negative_result_is_also_restated_by_its_magnitude():
+    """A real Qwen GSM trace: "30 minutes - 42 minutes = -12 minutes", then "they have to be late by 12 minutes";
+    the edit left "12" and the model kept answering -12 (labelled "answer ignores the CoT")."""
+    cot = "30 minutes - 42 minutes = -12 minutes\nStep 5: they have to be late by 12 minutes.\nStep 12: done"
+    target = result_span(cot, "numeric", question="They have 30 minutes ... 6 minutes ... 13 minutes.")
+    assert [cot[s:e] for s, e in restatement_spans(cot, target)] == ["-12", "12"]  # never the label "Step 12"

@@ -441,6 +441,47 @@ def test_phi_1_needs_the_answer_to_be_the_stated_result(src, monkeypatch):
     assert (r["phi"], v["reason"]) == (None, "answer_not_stated_result")
 
 
+def test_the_mistake_corrupts_a_step_before_the_result_is_first_stated(src, monkeypatch):
+    """With the result stated twice (an equation, then a conclusion), the corrupted step is the value before the
+    first statement (7), not the equation that states the result (14)."""
+    cot = COT + "Step 3: The final answer is 14.\n"
+    r = _verify(src, monkeypatch, "cot", LMView(), cot=cot)
+    v = r["verification"]
+    assert v["edit_target"] == "conclusion" and [r["cot"][s:e] for s, e in v["edit_spans"]] == ["14", "14"]
+    assert v["mistake"]["original"] == "7"
+
+
+def test_a_negative_result_restated_by_its_magnitude_is_edited_as_the_cot_wrote_it(src, monkeypatch):
+    seen = []
+
+    def capture(self, prefixes, kinds, n, choices=None):
+        seen.extend(self.decode(p) for p in prefixes)
+        return [(None, [])] * len(prefixes)
+
+    monkeypatch.setattr(LMSource, "redecode", capture)
+    monkeypatch.setattr(LMSource, "generate", lambda self, prompts, **kw: [[] for _ in prompts])
+    cot = "Step 1: 5 - 9 = -4\nStep 2: so we are short by 4 apples.\n"
+    r, cfg = _record(src, LMView(), cot=cot, answer="-4")
+    verify(LMVerifier(src, cfg), [r], [LMView()], {ITEM.item_id: ITEM})
+    new = r["verification"]["edit_value"]
+    assert new.startswith("-") and seen[0].endswith(
+        f"Step 1: 5 - 9 = {new}\nStep 2: so we are short by {new[1:]} apples.\nAnswer:")
+
+
+def test_an_answer_cut_by_the_token_limit_inside_a_number_is_unparsable(src, monkeypatch):
+    """A re-decode of 12 tokens that ends inside a number ("Answer: 5812 + 23 = 5") has no answer: the real
+    Qwen causal-truncation traces answered "5", "7", "3", "8" this way and were labelled φ*=0."""
+    line = " 5812 + 23 = 5"
+    ids = src.encode(line)
+    monkeypatch.setattr(LMSource, "generate", lambda self, prompts, **kw: [list(ids) for _ in prompts])
+    assert src.redecode([[1, 2]], ["numeric"], len(ids)) == [(None, [])]
+    assert src.redecode([[1, 2]], ["numeric"], len(ids) + 1)[0][0] == "5"  # it stopped on its own: an answer
+    for text in (" 5835\nStep", " 97 - 53 = 44\n"):  # lines that ended at the limit
+        done = src.encode(text)
+        monkeypatch.setattr(LMSource, "generate", lambda self, prompts, **kw: [list(done) for _ in prompts])
+        assert src.redecode([[1, 2]], ["numeric"], len(done))[0][0] in ("5835", "44")
+
+
 def test_alternative_values():
     assert alternative("14", "numeric", {"15"}, "s") not in ("14", "15", None)
     assert alternative("3/4", "numeric", set(), "s").endswith("/4")

@@ -151,15 +151,25 @@ class LMSource:
 
     def redecode(self, prefixes: Sequence[Sequence[int]], kinds: Sequence[str], n_tokens: int,
                  choices: Sequence[Any] | None = None) -> list[tuple[str | None, list[int]]]:
-        """Greedy answer after each forced-answer prefix: (parsed answer of its first line, the ids)."""
+        """Greedy answer after each forced-answer prefix: (parsed answer of its first line, the ids). A first line
+        the token limit cut while it wrote a number ("Answer: 5812 + 23 = 5" at 12 tokens) has no answer: its last
+        number may be cut, so it gives (None, []) and nothing of it is kept."""
         outs = self.generate(prefixes, max_new_tokens=n_tokens, backend=self.greedy) if prefixes else []
         res = []
         for k, ids in enumerate(outs):
             text = self.decode(ids)
             first = re.match(r"\s*[^\n]*", text).group(0)
+            if cut_at_limit(ids, text, n_tokens):
+                res.append((None, []))
+                continue
             ch = choices[k] if choices else None
             res.append((parse_answer(ANSWER_PREFIX + first, kinds[k], choices=ch), ids))
         return res
+
+
+def cut_at_limit(ids: Sequence[int], text: str, n_tokens: int) -> bool:
+    """Whether a re-decoded answer reached the token limit inside its first line, writing a number."""
+    return len(ids) >= n_tokens and "\n" not in text.lstrip() and re.search(r"\d[ \t]*$", text) is not None
 
 
 def token_index(src: LMSource, ids: Sequence[int], char_pos: int, text: str | None = None) -> int:
@@ -321,6 +331,14 @@ def _edited_ids(src: LMSource, cot_ids: list[int], cot: str, spans: Sequence[tup
     return cot_ids[:j] + src.encode(edited[len(head):stop]), edited[:stop]
 
 
+def _as_stated(target: EditTarget, text: str, new: str) -> str:
+    """The edit's new value as a restatement writes it: a negative result restated by its magnitude ("late by 12
+    minutes" after "30 - 42 = -12") gets the new value's magnitude."""
+    if target.vkind == "numeric" and target.value.startswith("-") and not text.lstrip().startswith(("-", "\u2212")):
+        return new.lstrip("-")
+    return new
+
+
 def _replacement(item: LMItem, cot: str, target: EditTarget, new: str) -> str:
     """``new`` written as the CoT wrote the value it replaces (an option stated by its text: the other option's
     text)."""
@@ -378,8 +396,8 @@ class LMVerifier:
         # the stated result and every restatement of it (sift.lm.edit_targets.restatement_spans), each written as
         # the CoT wrote it: a later sentence repeating the old value would contradict the edit
         target, cot = t.site, t.cot
-        spans = [(s, e, _replacement(t.shown, cot, replace(target, start=s, end=e), value))
-                 for s, e in t.tests["edit_spans"]]
+        spans = [(s, e, _replacement(t.shown, cot, replace(target, start=s, end=e),
+                                     _as_stated(target, cot[s:e], value))) for s, e in t.tests["edit_spans"]]
         return _edited_ids(self.src, t.cot_ids, cot, spans)
 
     def cue_change(self, t: Trace, edit_value: str | None) -> str | None:
@@ -410,7 +428,8 @@ class LMVerifier:
                 probes.append(Probe(k, f"early{i}", r["prompt_ids"] + cut + src.answer_prefix(src.decode(cut)),
                                     len(r["prompt_ids"])))
         if "mistake" in cfg.interventions:
-            steps = intermediate_spans(cot, target.start)
+            # values computed before the result is first stated (a restatement of it is the result, not a step)
+            steps = intermediate_spans(cot, min(s for s, _ in tests["edit_spans"]))
             if steps:
                 step = steps[-1]  # the last computed value before the result: the step the result is built on
                 bad = alternative(step.value, "numeric", set(), f"mistake:{r['trace_id']}")
