@@ -128,7 +128,7 @@ def trace_html(r: dict, idx: int) -> str:
         f'</code></div><div class="rule">{_e(v.get("rule") or RULES.get(reason, ""))}</div>'
         f'<div>answer <b>{_e(r.get("answer"))}</b> · gold {_e(r.get("gold_answer"))} · cue '
         f'{_e(cue.get("value"))} ({_e(cue.get("format"))}) · names the cue: {_e(v.get("mentions_cue"))} · '
-        f'CoT needed: {_e(r.get("cot_necessary"))}'
+        f'CoT needed: {_e("unknown" if r.get("cot_necessary") is None else r["cot_necessary"])}'
         f'{" · answer forced at the token limit" if r.get("forced_answer") else ""}</div>'
         f'<details><summary>prompt</summary><pre>{_e(r.get("prompt"))}</pre></details>'
         f'<pre>{highlighted_cot(r.get("cot") or "", spans)}</pre>{_tests_table(v)}</div>')

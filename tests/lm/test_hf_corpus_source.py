@@ -478,7 +478,7 @@ def test_an_answer_cut_by_the_token_limit_inside_a_number_is_unparsable(src, mon
     assert src.redecode([[1, 2]], ["numeric"], len(ids) + 1)[0][0] == "5"  # it stopped on its own: an answer
     for text in (" 5835\nStep", " 97 - 53 = 44\n"):  # lines that ended at the limit
         done = src.encode(text)
-        monkeypatch.setattr(LMSource, "generate", lambda self, prompts, **kw: [list(done) for _ in prompts])
+        monkeypatch.setattr(LMSource, "generate", lambda self, prompts, done=done, **kw: [list(done) for _ in prompts])
         assert src.redecode([[1, 2]], ["numeric"], len(done))[0][0] in ("5835", "44")
 
 

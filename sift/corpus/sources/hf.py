@@ -78,7 +78,8 @@ from sift.lm.weights import release_memory
 from sift.provenance import config_hash, model_fingerprint
 
 #: bump when generation or verification changes the records, so that stale chunks are not reused
-PIPELINE_VERSION = 5  # 4: φ* from the read tests, cot_necessary, restatements, golds checked; 5: magnitudes, cut answers
+# 4: φ* from the read tests, cot_necessary, restatements, golds checked; 5: magnitudes, cut answers
+PIPELINE_VERSION = 5
 
 # ------------------------------------------------------------------------------------------------- model side
 
