@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -49,6 +50,9 @@ def export(source: str | Path, out_dir: str | Path, formats: Sequence[str] = FOR
 
             got["inspect"] = export_inspect(src, tmp)
         (tmp / "export.json").write_text(json.dumps(got, indent=1))
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp makes it private; the export is a folder like any other
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -74,7 +74,9 @@ def eval_log(src: Source) -> Any:
         log.EvalScore(name="phi_star", scorer="sift_verified_label",
                       metrics={"mean": log.EvalMetric(name="mean", value=_mean(phis))},
                       metadata={"labelled": len(phis), "ambiguous": len(samples) - len(phis)})])
-    return log.EvalLog(eval=spec, status="success", samples=samples, results=results)
+    # no evaluation ran here: the log's start and end are the export's time (Inspect shows a duration of 0)
+    return log.EvalLog(eval=spec, status="success", samples=samples, results=results,
+                       stats=log.EvalStats(started_at=created, completed_at=created))
 
 
 def export_inspect(src: Source, out_dir: Path) -> dict[str, Any]:
