@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("sift.training",),
     ("sift.companion",),
     ("sift.evaluation",),
+    ("sift.export",),  # the corpus and a job's predictions as datasets and an Inspect log
     ("sift.faithshift",),
     ("sift.cli",),
 ]
