@@ -152,6 +152,9 @@ def _checked_items(spec: ItemSpec, n: int, seed: int, i: int) -> tuple[list[LMIt
                 break
         if len(kept) >= n or len(got) < ask:  # enough, or the source has no more
             return kept, checks
+        if ask > 10 * n + 100:  # a generator whose golds keep failing the check: stop, say which
+            raise SiftError(f"items[{i}] ({spec.kind}): {len(got) - len(kept)} of the first {len(got)} items have "
+                            f"golds their own formula contradicts (sift.lm.gold_check); {len(kept)} of {n} kept")
         ask += n - len(kept) + 8
 
 
@@ -176,6 +179,7 @@ def _make(item_id: str, domain: str, question: str, answer: str, kind: str,
 #: reasoning-gym tasks whose question asks for one arithmetic expression's value: their golds are recomputed
 #: (``basic_arithmetic`` evaluates ``a + b * c`` left to right upstream, 0.1.19 to 0.1.25)
 EXPRESSION_TASKS = ("basic_arithmetic", "chain_sum", "products")
+
 
 def from_reasoning_gym(task_name: str, n: int, seed: int = 0, options: dict[str, Any] | None = None,
                        domain: str | None = None) -> list[LMItem]:

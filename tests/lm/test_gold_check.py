@@ -134,3 +134,17 @@ def test_every_reordered_arithmetic_prompt_is_well_formed_and_keeps_its_value():
         assert expr != question_expression(it.question)[2]
         n += 1
     assert n == 233  # of 300 (measured: the others have one additive term)
+
+
+def test_a_source_whose_golds_keep_failing_stops_with_a_message(monkeypatch):
+    """A generator with no end whose every gold contradicts its formula (1/3 has no finite decimal): the loader
+    stops asking for more and names the source, instead of looping."""
+    from sift.errors import SiftError
+    from sift.lm import items as items_mod
+
+    def loader(spec, n, seed):
+        return [LMItem(f"x{i}", "d", "Calculate 1 / 3.", "0.5", "numeric", gold_formula="1 / 3") for i in range(n)]
+
+    monkeypatch.setitem(items_mod.ITEM_LOADERS, "endless", loader)
+    with pytest.raises(SiftError, match=r"items\[0\] \(endless\): .* golds their own formula contradicts"):
+        load_item_specs([ItemSpec(kind="endless", n=3)], 3)
