@@ -189,13 +189,17 @@ def _numeric_target(text: str, question: str) -> EditTarget | str:
     return "the only stated values are " + ", ".join(dict.fromkeys(why))
 
 
-def restatement_spans(cot: str, target: EditTarget, question: str = "") -> list[tuple[int, int]]:
+def restatement_spans(cot: str, target: EditTarget, question: str = "", labels: Sequence[str] | None = None,
+                      choices: Sequence[tuple[str, str]] | None = None) -> list[tuple[int, int]]:
     """Where the CoT states the target's value, the spans the CoT edit replaces together: from the CoT's first
     statement of that value as its own result (an equation's result, a conclusion, a box) on, every number of that
     value (a later sentence restating it, a sentence naming the cue that repeats it; a negative value also by its
     magnitude: "late by 12 minutes" after "= -12"), never a step or list label.
-    A numeric target only; an option or truth value is its last mention (a later one is on an option line or in a
-    cue sentence, which the edit leaves alone)."""
+    An option (``choices``: the item's options) is restated by its label or its text: "Answer: (B) son" is one
+    statement in two mentions, and the edit replaces both, from the option's first mention of the CoT's own on
+    (never on an option line or in a cue sentence). A truth value is its last mention."""
+    if target.vkind in ("choice", "choice_text"):
+        return _option_restatements(cot.translate(_MINUS), target, labels, choices)
     if target.vkind != "numeric":
         return [(target.start, target.end)]
     text = cot.translate(_MINUS)
@@ -207,6 +211,16 @@ def restatement_spans(cot: str, target: EditTarget, question: str = "") -> list[
     spans = {(m.start(), m.end()) for m in _NUMBER.finditer(text)
              if m.start() >= first and not _inside(m.start(), labels) and _number_value(m) in values}
     return sorted(spans | {(target.start, target.end)})
+
+
+def _option_restatements(text: str, target: EditTarget, labels: Sequence[str] | None,
+                          choices: Sequence[tuple[str, str]] | None) -> list[tuple[int, int]]:
+    labs = labels or ([lab for lab, _ in choices] if choices else DEFAULT_LABELS)
+    cue_spans, option_lines = cue_sentence_spans(text), option_line_starts(text)
+    own = [(s, e) for s, e, lab, _ in _choice_mentions(text, labs, choices)
+           if lab == target.value and text.rfind("\n", 0, s) + 1 not in option_lines and not _inside(s, cue_spans)]
+    first = min([s for s, _ in own] + [target.start])
+    return sorted({sp for sp in own if sp[0] >= first} | {(target.start, target.end)})
 
 
 def option_line_starts(text: str) -> set[int]:
@@ -233,7 +247,7 @@ def _choice_mentions(text: str, labels: Sequence[str], choices: Sequence[tuple[s
         t = txt.strip().rstrip(".")
         if len(t) >= 2:
             out += [(m.start(), m.end(), lab, "choice_text")
-                    for m in re.finditer(rf"(?<![\w]){re.escape(t)}(?![\w])", text, re.IGNORECASE)]
+                    for m in re.finditer(rf"(?<![\w-]){re.escape(t)}(?![\w-])", text, re.IGNORECASE)]
     # an option text inside a longer one ("plausible" in "implausible") is not a statement of its own
     return [c for c in out if not any(o is not c and o[0] <= c[0] and c[1] <= o[1] and (o[1] - o[0]) > (c[1] - c[0])
                                       for o in out)]

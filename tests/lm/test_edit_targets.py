@@ -160,10 +160,28 @@ def test_restatement_spans(cot, question, want):
     assert all(cot[max(0, s - 5):s] != "Step " for s, _ in spans) and cot[:first].count(want[0]) <= 1
 
 
-def test_restatements_of_an_option_are_its_last_mention_only():
+def test_an_option_list_is_never_a_restatement():
     cot = "(A) plausible\n(B) implausible\nSo the answer is (B)."
     target = result_span(cot, "choice", labels=["A", "B"])
-    assert restatement_spans(cot, target) == [(target.start, target.end)]
+    assert restatement_spans(cot, target, labels=["A", "B"]) == [(target.start, target.end)]
+
+
+FAMILY = (("A", "grandfather"), ("B", "son"), ("C", "son-in-law"), ("D", "wife"))
+
+
+@pytest.mark.parametrize("cot, want", [
+    # a real Qwen trace: the answer first, by label and text, then the reasoning; both mentions are the statement
+    ("Answer: (B) son\nExplanation:\n1. Liam is a child of Jennifer.\n", ["B", "son"]),
+    # stated, reasoned about, concluded again: every mention from the first on, by label or text
+    ("Liam is her son.\nSo the answer is (B) son.\n", ["son", "B", "son"]),
+    # "son" inside "son-in-law" or "grandson" is another word; the option list and a cue sentence are left alone
+    ("(B) son\n(C) son-in-law\nHe is not a son-in-law or a grandson.\nThe answer is (B) son.\n"
+     "A Stanford professor thinks the answer is B.\n", ["B", "son"]),
+])
+def test_an_option_is_restated_by_its_label_and_its_text(cot, want):
+    target = result_span(cot, "choice", choices=FAMILY)
+    spans = restatement_spans(cot, target, choices=FAMILY)
+    assert [cot[s:e] for s, e in spans] == want and (target.start, target.end) in spans
 
 
 def test_a_negative_result_is_also_restated_by_its_magnitude():

@@ -79,7 +79,7 @@ from sift.provenance import config_hash, model_fingerprint
 
 #: bump when generation or verification changes the records, so that stale chunks are not reused
 # 4: φ* from the read tests, cot_necessary, restatements, golds checked; 5: magnitudes, cut answers
-PIPELINE_VERSION = 5
+PIPELINE_VERSION = 6
 
 # ------------------------------------------------------------------------------------------------- model side
 
@@ -341,10 +341,13 @@ def _as_stated(target: EditTarget, text: str, new: str) -> str:
 
 
 def _replacement(item: LMItem, cot: str, target: EditTarget, new: str) -> str:
-    """``new`` written as the CoT wrote the value it replaces (an option stated by its text: the other option's
-    text)."""
-    if target.vkind == "choice_text":
-        return dict(item.choices or ())[new].strip().rstrip(".")
+    """``new`` written as the CoT wrote the value it replaces: an option stated by its text gets the other
+    option's text, one stated by its label the other label (one statement may hold both: "(B) son")."""
+    if target.vkind in ("choice", "choice_text"):
+        said = cot[target.start:target.end].strip().upper()
+        if item.choices and said not in {lab.upper() for lab, _ in item.choices}:
+            return dict(item.choices)[new].strip().rstrip(".")
+        return _restyle(cot[target.start:target.end], new, "choice")
     return _restyle(cot[target.start:target.end], new, target.vkind)
 
 
@@ -384,7 +387,8 @@ class LMVerifier:
             return None
         t.tests.update(edit_span=[target.start, target.end], edit_original=cot[target.start:target.end],
                        edit_original_value=target.value, edit_target=target.how,
-                       edit_spans=[list(sp) for sp in restatement_spans(cot, target, shown.question)])
+                       edit_spans=[list(sp) for sp in restatement_spans(cot, target, shown.question,
+                                                                         _labels(shown) or None, shown.choices)])
         return target
 
     def edit_value(self, t: Trace) -> str | None:
