@@ -170,7 +170,10 @@ class HFCorpusConfig:
             if spec.kind not in kinds:
                 raise SiftError(f"items[{i}].kind: unknown {spec.kind!r}; expected one of {', '.join(kinds)}")
             if spec.kind != "reasoning_gym" and spec.kind != "mgsm_symbolic" and not spec.path:
-                raise SiftError(f"items[{i}] ({spec.kind}) needs path: the local file or folder")
+                from sift.lm.items import FILE_HINTS, ITEM_KEY
+
+                hint = FILE_HINTS.get(spec.kind, "the local file or folder").replace(ITEM_KEY, f"source.items.{i}")
+                raise SiftError(f"items[{i}] ({spec.kind}) needs source.items.{i}.path: {hint}")
         if self.backend not in ("hf", "vllm", "llamacpp"):
             raise SiftError(f"backend must be 'hf', 'vllm' or 'llamacpp', got {self.backend!r}")
         if self.backend == "llamacpp":

@@ -44,6 +44,7 @@ from typing import Any
 
 from sift.errors import SiftError
 from sift.lm.items import (
+    FILE_HINTS,
     ITEM_KEY,
     RECORD_READERS,
     ItemSpec,
@@ -226,6 +227,10 @@ def _mgsm_variants(api: tuple[str, dict, dict], item: LMItem, id_orig: int, k: i
 # ---------------------------------------------------------------------------------------------- bigbench
 
 _BB_DIR = "benchmark_tasks/"
+_BB_HINT = ("BIG-bench is read from a local copy: a checkout (git clone --depth 1 https://github.com/google/BIG-bench "
+            f"/data/BIG-bench, then {ITEM_KEY}.path=/data/BIG-bench), GitHub's archive of it (.tar.gz, read as it is) "
+            "or a bigbench 1.0.0 sdist you already have; PyPI now serves only bigbench 0.0.1, which holds no task data")
+FILE_HINTS["bigbench"] = _BB_HINT
 
 
 def _bb_task_name(name: str) -> str | None:
@@ -243,8 +248,8 @@ def _bb_folder(root: Path) -> Path:
     for c in candidates:
         if c.is_dir():
             return c
-    raise SiftError(f"bigbench: {root} holds no bigbench/benchmark_tasks folder (pass the bigbench sdist .tar.gz, "
-                    "its extracted root or the benchmark_tasks folder)")
+    raise SiftError(f"bigbench: {root} holds no bigbench/benchmark_tasks folder (pass a BIG-bench checkout, an "
+                    f"archive or sdist .tar.gz, its extracted root or the benchmark_tasks folder); {_BB_HINT}")
 
 
 def _bb_read(root: Path, tasks: list[str]) -> tuple[dict[str, tuple[str, bytes]], list[str]]:
@@ -330,13 +335,14 @@ def load_bigbench(spec: ItemSpec, n: int, seed: int) -> list[LMItem]:
         raise SiftError("bigbench: task is required (comma-separated BIG-bench task names, e.g. "
                         "task=logical_deduction/three_objects,date_understanding)")
     if not spec.path:
-        raise SiftError("bigbench: path is required (the bigbench sdist .tar.gz, e.g. "
-                        f"{ITEM_KEY}.path=/data/bigbench-1.0.0.tar.gz, or its extracted folder)")
+        raise SiftError(f"bigbench: path is required; {_BB_HINT}")
     root = Path(spec.path).expanduser()
     if not root.exists():
-        raise SiftError(f"bigbench: path does not exist: {root}")
+        raise SiftError(f"bigbench: path does not exist: {root}; {_BB_HINT}")
     found, names = _bb_read(root, tasks)
     pools = []
+    if not names:
+        raise SiftError(f"bigbench: {root} holds no task data (no benchmark_tasks/*/task.json); {_BB_HINT}")
     for task in tasks:
         if task not in found:
             near = difflib.get_close_matches(task, names, n=3)

@@ -463,10 +463,25 @@ def _reasoning_gym_spec(spec: ItemSpec, n: int, seed: int) -> list[LMItem]:
     return from_reasoning_gym(spec.task or "basic_arithmetic", n, seed, spec.options, spec.domain)
 
 
+#: where each file source comes from (one line in a missing-file message; sift downloads nothing)
+FILE_HINTS = {
+    "gsm8k": "the GSM8K test file: curl -L -o /data/gsm8k_test.jsonl https://raw.githubusercontent.com/openai/"
+             "grade-school-math/master/grade_school_math/data/test.jsonl",
+    "math": "the MATH test set's JSON files (MATH/test/<subject>/*.json of hendrycks/math), or the Hugging Face "
+            "dataset EleutherAI/hendrycks_math with kind: hf_dataset, format: math",
+    "commonsenseqa": "the CommonsenseQA dev file: curl -L -o /data/csqa_dev.jsonl "
+                     "https://s3.amazonaws.com/commensenseqa/dev_rand_split.jsonl",
+    "bbh": "a BIG-Bench Hard task file: curl -L -o /data/bbh_date_understanding.json https://raw.githubusercontent.com/"
+           "suzgunmirac/BIG-Bench-Hard/main/bbh/date_understanding.json",
+}
+
+
 def _file_spec(fmt: str) -> Callable[[ItemSpec, int, int], list[LMItem]]:
     def load(spec: ItemSpec, n: int, seed: int) -> list[LMItem]:
         if not spec.path:
-            raise SiftError(f"items: kind {fmt!r} needs path (the local {fmt} file)")
+            raise SiftError(f"items: kind {fmt!r} needs {ITEM_KEY}.path: {FILE_HINTS[fmt]}")
+        if not Path(spec.path).expanduser().exists():
+            raise SiftError(f"{fmt}: path does not exist: {spec.path}; get {FILE_HINTS[fmt]}")
         items = LOADERS[fmt](spec.path) if spec.domain is None else LOADERS[fmt](spec.path, spec.domain)
         return items[:n]
 
@@ -488,5 +503,5 @@ def load_items(path: str | Path, fmt: str, n: int | None = None) -> list[LMItem]
 
 
 __all__ = ["FORMATS", "ITEM_LOADERS", "RECORD_READERS", "ItemSpec", "LMItem", "from_reasoning_gym", "item_kinds",
-           "ITEM_KEY", "load_item_specs", "register_item_loader", "load_bbh", "load_commonsenseqa", "load_gsm8k",
-           "load_items", "load_math"]
+           "FILE_HINTS", "ITEM_KEY", "load_item_specs", "register_item_loader", "load_bbh", "load_commonsenseqa",
+           "load_gsm8k", "load_items", "load_math"]

@@ -238,8 +238,13 @@ def test_bigbench_errors(sdist, tmp_path):
     from sift.lm.items import load_item_specs
 
     specs = [ItemSpec(kind="reasoning_gym", task="basic_arithmetic", n=2), ItemSpec(kind="bigbench", task="toy_mc")]
-    with pytest.raises(SiftError, match=r"e\.g\. source\.items\.1\.path=/data/bigbench"):
+    with pytest.raises(SiftError, match=r"a checkout \(git clone --depth 1 https://github.com/google/BIG-bench "
+                                        r"/data/BIG-bench, then source\.items\.1\.path=/data/BIG-bench\)"):
         load_item_specs(specs, 4, 0)
+    # the PyPI sdist bigbench 0.0.1 has the package but no task data: said so, with where to get it
+    (tmp_path / "bb001" / "bigbench" / "benchmark_tasks").mkdir(parents=True)
+    with pytest.raises(SiftError, match=r"holds no task data .*PyPI now serves only bigbench 0\.0\.1"):
+        _bb(tmp_path / "bb001", "sports_understanding")
     with pytest.raises(SiftError, match="bigbench: task is required"):
         _bb(tgz, " , ")
     with pytest.raises(SiftError, match="path does not exist"):

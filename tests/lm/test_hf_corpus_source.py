@@ -22,7 +22,7 @@ from sift.corpus.sources.hf import (
 from sift.corpus.verify import truncation_cut, verify
 from sift.errors import SiftError
 from sift.lm.generation import generate_ids
-from sift.lm.items import ItemSpec, LMItem
+from sift.lm.items import ItemSpec, LMItem, load_item_specs
 from sift.lm.parsing import first_number
 from sift.lm.prompts import LMView
 
@@ -495,8 +495,10 @@ def test_alternative_values():
 def test_config_errors(tiny_dirs, tmp_path):
     with pytest.raises(SiftError, match="one or two models"):
         build_hf_corpus(HFCorpusConfig(models=[]), tmp_path)
-    with pytest.raises(SiftError, match="needs path"):
+    with pytest.raises(SiftError, match=r"needs source\.items\.0\.path: the GSM8K test file: curl -L -o "):
         build_hf_corpus(HFCorpusConfig(models=["x"], items=[ItemSpec(kind="gsm8k")]), tmp_path)
+    with pytest.raises(SiftError, match=r"commonsenseqa: path does not exist: /no/dev\.jsonl; get the CommonsenseQA"):
+        load_item_specs([ItemSpec(kind="reasoning_gym", n=1), ItemSpec(kind="commonsenseqa", path="/no/dev.jsonl")], 3)
     with pytest.raises(SiftError, match=r"items\[0\]\.kind: unknown 'gsm9k'"):
         build_hf_corpus(HFCorpusConfig(models=["x"], items=[ItemSpec(kind="gsm9k")]), tmp_path)
     with pytest.raises(SiftError, match="unknown condition"):
