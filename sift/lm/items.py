@@ -182,9 +182,9 @@ def _choice_items(spec: ItemSpec, n: int, seed: int, i: int, what: str) -> tuple
     if len(pool) < spec.n_options:
         raise SiftError(f"{what}: n_options={spec.n_options}, but the source's first {len(probe)} items have only "
                         f"{len(pool)} distinct golds ({', '.join(pool)}) to draw options from")
-    mine = {it.item_id for it in probe[:n]}
-    return (as_multiple_choice(probe[:n], spec.n_options, pool, seed),
-            [c for c in checks if c["item_id"] in mine])
+    # the checks up to the n-th kept item: a dropped item among them stays counted, as without n_options
+    last = next(j for j, c in enumerate(checks) if c["item_id"] == probe[:n][-1].item_id) if probe[:n] else -1
+    return as_multiple_choice(probe[:n], spec.n_options, pool, seed), checks[:last + 1]
 
 
 def as_multiple_choice(items: list[LMItem], n_options: int, pool: list[str], seed: int) -> list[LMItem]:

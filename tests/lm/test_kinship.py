@@ -117,6 +117,24 @@ def test_the_family_source_as_multiple_choice():
     assert load_item_specs([spec], 40, seed=0)[:4] == load_item_specs([ItemSpec(**{**spec.__dict__, "n": 4})], 4)
 
 
+def test_multiple_choice_counts_a_dropped_item_like_the_free_source(monkeypatch):
+    """The gold-check report of a source asked as multiple choice covers the same items as without n_options:
+    a dropped item among the first n is counted (and replaced), the pool probe beyond n is not."""
+    from sift.lm import items as items_mod
+
+    def loader(spec, n, seed):  # item 1 has a formula that fails (division by zero): dropped
+        return [LMItem(f"i{k}", "d", f"Q{k}?", str(k % 5), "numeric", gold_formula="1/0" if k == 1 else None)
+                for k in range(n)]
+
+    monkeypatch.setitem(items_mod.ITEM_LOADERS, "fake", loader)
+    for n_options in (0, 3):
+        report = {}
+        got = load_item_specs([ItemSpec(kind="fake", n=4, n_options=n_options)], 4, gold_report=report)
+        assert [it.item_id for it in got] == ["i0", "i2", "i3", "i4"]
+        r = report["items[0] (fake)"]
+        assert (r["dropped"], r["unchecked"], [c["item_id"] for c in r["changes"]]) == (1, 4, ["i1"])
+
+
 def test_multiple_choice_errors():
     pytest.importorskip("reasoning_gym")
     spec = ItemSpec(kind="reasoning_gym", task="family_relationships", n=4, n_options=1)
